@@ -1,0 +1,23 @@
+//! stasis-core: the domain model of stasis, with no I/O.
+//!
+//! - [`reference`]: workload names, checkpoint ids and `<workload>/<id|latest>` references;
+//! - [`manifest`]: the schema-versioned checkpoint manifest the store writes last;
+//! - [`fingerprint`]: what a node is (CPU, kernel, CRIU, runc, GPU) and the rule that decides
+//!   whether a checkpoint may be restored on it;
+//! - [`gpu`]: the GPU part of the fingerprint and its compatibility rule.
+//!
+//! Everything here is pure: the engine and the CLI gather facts from the machine and hand them in.
+
+pub mod fingerprint;
+pub mod gpu;
+pub mod manifest;
+pub mod reference;
+
+pub use fingerprint::{
+    CpuFingerprint, Mismatch, NodeFingerprint, Requirements, RestoreTarget, Version,
+};
+pub use manifest::{
+    ChunkRef, FileEntry, Manifest, ManifestError, ProcessInfo, RootfsCapture, RootfsMethod, Source,
+    StoreStats, Timings, SCHEMA_VERSION,
+};
+pub use reference::{CheckpointId, CheckpointRef, RefError, Selector, WorkloadName};

@@ -1,0 +1,1 @@
+//! CUDA steps of a checkpoint (owned by the GPU work).

@@ -1,0 +1,2 @@
+//! stasis-engine
+pub mod cuda;
