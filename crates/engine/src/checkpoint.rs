@@ -1,0 +1,361 @@
+//! Taking a checkpoint: of a runc container (through `runc checkpoint`) or of a plain process tree
+//! (through CRIU's RPC).
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Instant;
+
+use stasis_core::manifest::{ProcessInfo, RootfsCapture, Source, Timings};
+use tracing::{info, warn};
+
+use crate::error::EngineError;
+use crate::image::ImageDir;
+use crate::proctree;
+use crate::rootfs;
+use crate::runc::{CheckpointOpts, Runc};
+use crate::tools;
+
+/// Bundle annotations that carry the digest of the image a rootfs was made from.
+pub const IMAGE_DIGEST_ANNOTATIONS: &[&str] =
+    &["dev.stasis.image.digest", "org.opencontainers.image.digest"];
+
+/// What the engine captured, for the manifest.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    pub source: Source,
+    pub processes: Vec<ProcessInfo>,
+    pub rootfs: Option<RootfsCapture>,
+    /// `frozen_ms`, `dump_ms`, `rootfs_ms`; the store adds the rest.
+    pub timings: Timings,
+    pub image_digest: Option<String>,
+    /// Whether a restore needs runc (container checkpoints).
+    pub needs_runc: bool,
+    pub leave_running: bool,
+}
+
+/// A container checkpoint request.
+#[derive(Debug, Clone)]
+pub struct ContainerCheckpoint<'a> {
+    pub runc: &'a Runc,
+    pub id: &'a str,
+    pub image: &'a ImageDir,
+    pub leave_running: bool,
+    pub tcp_established: bool,
+}
+
+fn ms(since: Instant) -> u64 {
+    since.elapsed().as_millis() as u64
+}
+
+fn mkdir(p: &Path) -> Result<(), EngineError> {
+    std::fs::create_dir_all(p).map_err(EngineError::io(p))
+}
+
+/// Checkpoints a runc container.
+///
+/// The container is paused (cgroup freezer) for the whole capture, so its memory (CRIU dump) and
+/// its files (rootfs capture) describe the same instant; then it is resumed (leave-running) or
+/// left stopped (`leave_running: false`). A watchdog process resumes it if this process dies
+/// while it is frozen, and every error path resumes it too: a failure never leaves the workload
+/// frozen.
+pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, EngineError> {
+    let state = req.runc.state(req.id)?;
+    if state.status != "running" && state.status != "paused" {
+        return Err(EngineError::ContainerNotRunning {
+            id: req.id.into(),
+            status: state.status,
+        });
+    }
+    // CRIU must be usable before anything is frozen.
+    tools::criu_checked()?;
+    let processes = proctree::tree(state.pid);
+    let started = rootfs::parse_rfc3339_utc(&state.created).unwrap_or(0);
+    let image_digest = state.annotations.as_ref().and_then(|a| {
+        IMAGE_DIGEST_ANNOTATIONS
+            .iter()
+            .find_map(|k| a.get(*k).cloned())
+    });
+    mkdir(&req.image.criu())?;
+
+    let was_paused = state.status == "paused";
+    let freeze = Instant::now();
+    if !was_paused {
+        req.runc.pause(req.id)?;
+    }
+    let mut guard = ThawGuard::arm(req.runc, req.id, !was_paused);
+
+    let t = Instant::now();
+    let rootfs = rootfs::capture(&state.rootfs, started, req.image)?;
+    let rootfs_ms = ms(t);
+
+    let t = Instant::now();
+    let opts = CheckpointOpts {
+        image_path: &req.image.criu(),
+        work_path: &req.image.criu(),
+        leave_running: req.leave_running,
+        tcp_established: req.tcp_established,
+    };
+    let child = req.runc.spawn_checkpoint(req.id, &opts)?;
+    guard.watch(&child);
+    let out = child
+        .wait_with_output()
+        .map_err(EngineError::io(&req.runc.binary))?;
+    let dump_ms = ms(t);
+    if !out.status.success() {
+        let log = req.image.criu_log("dump");
+        let detail = tools::criu_log_errors(&log)
+            .unwrap_or_else(|| format!("{}: {}", out.status, tools::tail(&out.stderr, 6)));
+        return Err(EngineError::ToolFailed {
+            what: format!("runc checkpoint {}", req.id),
+            detail,
+            log: Some(log),
+        });
+    }
+    if req.leave_running {
+        guard.release()?;
+    } else {
+        guard.disarm();
+    }
+    let frozen_ms = ms(freeze);
+    info!(
+        container = req.id,
+        frozen_ms, dump_ms, rootfs_ms, "container checkpointed"
+    );
+    Ok(Captured {
+        source: Source::Container {
+            container_id: req.id.into(),
+        },
+        processes,
+        rootfs: Some(rootfs),
+        timings: Timings {
+            frozen_ms,
+            dump_ms,
+            rootfs_ms,
+            ..Timings::default()
+        },
+        image_digest,
+        needs_runc: true,
+        leave_running: req.leave_running,
+    })
+}
+
+/// Resumes a container this checkpoint paused, whatever happens to the checkpoint.
+///
+/// Two layers: `Drop` resumes on every error path of this process; a watchdog (`sh`, in its own
+/// process group) resumes if this process is killed outright. The watchdog reads commands on a
+/// pipe: `wait <pid>` names the `runc checkpoint` process to let finish first (resuming in the
+/// middle of a dump would be undone by CRIU restoring the freezer state), `done` means
+/// the checkpoint ended normally. End of file without `done` means this process died.
+struct ThawGuard<'a> {
+    runc: &'a Runc,
+    id: &'a str,
+    armed: bool,
+    watchdog: Option<(Child, ChildStdin)>,
+}
+
+const WATCHDOG: &str = r#"pid=
+while IFS= read -r line; do
+  case "$line" in
+    done) exit 0 ;;
+    wait\ *) pid=${line#wait } ;;
+  esac
+done
+if [ -n "$pid" ]; then
+  while [ -e "/proc/$pid" ] && ! grep -q '^State:.*[ZX]' "/proc/$pid/status" 2>/dev/null; do sleep 0.1; done
+fi
+exec "$0" --root "$1" resume "$2"
+"#;
+
+impl<'a> ThawGuard<'a> {
+    fn arm(runc: &'a Runc, id: &'a str, armed: bool) -> Self {
+        let watchdog = armed
+            .then(|| {
+                use std::os::unix::process::CommandExt;
+                let mut child = Command::new("sh")
+                    .arg("-c")
+                    .arg(WATCHDOG)
+                    .arg(&runc.binary)
+                    .arg(&runc.root)
+                    .arg(id)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .process_group(0)
+                    .spawn()
+                    .map_err(|e| warn!(error = %e, "could not start the thaw watchdog"))
+                    .ok()?;
+                let stdin = child.stdin.take()?;
+                Some((child, stdin))
+            })
+            .flatten();
+        Self {
+            runc,
+            id,
+            armed,
+            watchdog,
+        }
+    }
+
+    fn watch(&mut self, dump: &Child) {
+        if let Some((_, stdin)) = &mut self.watchdog {
+            let _ = writeln!(stdin, "wait {}", dump.id());
+        }
+    }
+
+    /// Resumes now; errors if the container could not be resumed.
+    fn release(&mut self) -> Result<(), EngineError> {
+        let res = if self.armed {
+            resume(self.runc, self.id)
+        } else {
+            Ok(())
+        };
+        self.disarm();
+        res
+    }
+
+    /// The checkpoint ended without needing a resume (stop mode): tell the watchdog.
+    fn disarm(&mut self) {
+        self.armed = false;
+        if let Some((mut child, mut stdin)) = self.watchdog.take() {
+            let _ = writeln!(stdin, "done");
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ThawGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = resume(self.runc, self.id) {
+                warn!(container = self.id, error = %e, "could not resume the container after a failed checkpoint");
+            }
+        }
+        self.disarm();
+    }
+}
+
+/// Resumes a paused container; one that is already running (CRIU thawed it) is fine.
+fn resume(runc: &Runc, id: &str) -> Result<(), EngineError> {
+    match runc.resume(id) {
+        Ok(()) => Ok(()),
+        Err(e) => match runc.state(id) {
+            Ok(s) if s.status != "paused" => Ok(()),
+            _ => Err(e),
+        },
+    }
+}
+
+/// A process-tree checkpoint request.
+#[derive(Debug, Clone)]
+pub struct ProcessCheckpoint<'a> {
+    pub pid: i32,
+    pub image: &'a ImageDir,
+    pub leave_running: bool,
+    pub tcp_established: bool,
+}
+
+/// What a process restore needs to know that CRIU's images do not say.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ProcessImageInfo {
+    pub root_pid: i32,
+    pub shell_job: bool,
+    pub tcp_established: bool,
+}
+
+pub(crate) const PROCESS_INFO_FILE: &str = "stasis-process.json";
+
+/// Checkpoints a process tree through CRIU's RPC (`criu swrk`).
+pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, EngineError> {
+    if !proctree::alive(req.pid) {
+        return Err(EngineError::ProcessNotFound { pid: req.pid });
+    }
+    let (criu_path, _) = tools::criu_checked()?;
+    let processes = proctree::tree(req.pid);
+    let dir = req.image.criu();
+    mkdir(&dir)?;
+    // A process whose session leader is outside the dumped tree is a "shell job" to CRIU.
+    let sid = session_id(req.pid).unwrap_or(req.pid);
+    let shell_job = !processes.iter().any(|p| p.pid == sid);
+    let info = ProcessImageInfo {
+        root_pid: req.pid,
+        shell_job,
+        tcp_established: req.tcp_established,
+    };
+    let info_path = dir.join(PROCESS_INFO_FILE);
+    std::fs::write(&info_path, serde_json::to_vec(&info).unwrap_or_default())
+        .map_err(EngineError::io(&info_path))?;
+
+    let dir_fd = open_dir_inheritable(&dir)?;
+    let mut criu = rust_criu::Criu::new_with_criu_path(criu_path.display().to_string())
+        .map_err(|e| criu_failed("criu dump", e, None))?;
+    criu.set_pid(req.pid);
+    criu.set_images_dir_fd(dir_fd.as_raw_fd());
+    criu.set_log_file("dump.log".into());
+    criu.set_log_level(4);
+    criu.set_leave_running(req.leave_running);
+    criu.set_tcp_established(req.tcp_established);
+    criu.set_shell_job(shell_job);
+    criu.set_file_locks(true);
+    criu.set_ext_unix_sk(true);
+    let t = Instant::now();
+    criu.dump().map_err(|e| {
+        criu_failed(
+            &format!("criu dump of pid {}", req.pid),
+            e,
+            Some(req.image.criu_log("dump")),
+        )
+    })?;
+    let dump_ms = ms(t);
+    info!(pid = req.pid, dump_ms, "process tree checkpointed");
+    Ok(Captured {
+        source: Source::Process { pid: req.pid },
+        processes,
+        rootfs: None,
+        timings: Timings {
+            frozen_ms: dump_ms,
+            dump_ms,
+            ..Timings::default()
+        },
+        image_digest: None,
+        needs_runc: false,
+        leave_running: req.leave_running,
+    })
+}
+
+pub(crate) fn criu_failed(
+    what: &str,
+    e: rust_criu::CriuError,
+    log: Option<std::path::PathBuf>,
+) -> EngineError {
+    let detail = log
+        .as_deref()
+        .and_then(tools::criu_log_errors)
+        .unwrap_or_else(|| e.to_string());
+    EngineError::ToolFailed {
+        what: what.into(),
+        detail,
+        log,
+    }
+}
+
+/// Opens a directory for CRIU's `images_dir_fd`: CRIU runs as a child and uses the same fd
+/// number, so the descriptor must survive exec (no close-on-exec).
+pub(crate) fn open_dir_inheritable(dir: &Path) -> Result<std::fs::File, EngineError> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    let f = std::fs::File::open(dir).map_err(EngineError::io(dir))?;
+    fcntl(f.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| EngineError::Io {
+        path: dir.to_path_buf(),
+        source: e.into(),
+    })?;
+    Ok(f)
+}
+
+fn session_id(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    // fields after comm: state ppid pgrp session
+    stat.get(close + 2..)?.split(' ').nth(3)?.parse().ok()
+}

@@ -1,0 +1,213 @@
+//! Restoring a checkpoint image: into a new runc container, or as a process tree.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use stasis_core::manifest::RootfsMethod;
+use tracing::{info, warn};
+
+use crate::checkpoint::{
+    criu_failed, open_dir_inheritable, ProcessImageInfo, IMAGE_DIGEST_ANNOTATIONS,
+    PROCESS_INFO_FILE,
+};
+use crate::error::EngineError;
+use crate::image::ImageDir;
+use crate::proctree;
+use crate::rootfs;
+use crate::runc::{RestoreOpts, Runc};
+use crate::tools;
+
+/// A container restore request.
+#[derive(Debug, Clone)]
+pub struct ContainerRestore<'a> {
+    pub runc: &'a Runc,
+    pub new_id: &'a str,
+    /// A fresh bundle made from the same rootfs image as the checkpointed container's.
+    pub bundle: &'a Path,
+    pub image: &'a ImageDir,
+    /// How the filesystem changes were captured (from the manifest); `None`: nothing to apply.
+    pub rootfs_method: Option<RootfsMethod>,
+    pub tcp_established: bool,
+    /// Where the restored container's stdout and stderr go (appended).
+    pub stdio_log: Option<&'a Path>,
+}
+
+/// The parts of a bundle's `config.json` a restore reads.
+#[derive(Debug, serde::Deserialize)]
+struct BundleConfig {
+    root: BundleRoot,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    linux: Option<BundleLinux>,
+}
+#[derive(Debug, serde::Deserialize)]
+struct BundleRoot {
+    path: PathBuf,
+}
+#[derive(Debug, Default, serde::Deserialize)]
+struct BundleLinux {
+    #[serde(default)]
+    namespaces: Vec<BundleNamespace>,
+}
+#[derive(Debug, serde::Deserialize)]
+struct BundleNamespace {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    path: Option<String>,
+}
+
+fn read_bundle(bundle: &Path) -> Result<BundleConfig, EngineError> {
+    let cfg = bundle.join("config.json");
+    let raw = std::fs::read(&cfg).map_err(|e| EngineError::Bundle {
+        bundle: bundle.into(),
+        reason: format!("cannot read config.json: {e}"),
+    })?;
+    serde_json::from_slice(&raw).map_err(|e| EngineError::Bundle {
+        bundle: bundle.into(),
+        reason: format!("config.json is not a valid OCI runtime config: {e}"),
+    })
+}
+
+/// The digest of the image a bundle's rootfs was made from, from its annotations.
+pub fn bundle_image_digest(bundle: &Path) -> Result<Option<String>, EngineError> {
+    let cfg = read_bundle(bundle)?;
+    Ok(IMAGE_DIGEST_ANNOTATIONS
+        .iter()
+        .find_map(|k| cfg.annotations.get(*k).cloned()))
+}
+
+/// Restores a container checkpoint into a new container (detached, running). On failure nothing
+/// is left behind: the half-restored container is deleted.
+pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError> {
+    if req.runc.exists(req.new_id)? {
+        return Err(EngineError::ContainerExists {
+            id: req.new_id.into(),
+            root: req.runc.root.clone(),
+        });
+    }
+    let cfg = read_bundle(req.bundle)?;
+    let rootfs = if cfg.root.path.is_absolute() {
+        cfg.root.path.clone()
+    } else {
+        req.bundle.join(&cfg.root.path)
+    };
+    if !rootfs.is_dir() {
+        return Err(EngineError::Bundle {
+            bundle: req.bundle.into(),
+            reason: format!("rootfs {} is not a directory", rootfs.display()),
+        });
+    }
+    if let Some(method) = req.rootfs_method {
+        rootfs::apply(req.image, method, &rootfs)?;
+    }
+    let pid_file = req.bundle.join("stasis-restored.pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let stdio = req
+        .stdio_log
+        .map(|p| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(EngineError::io(p))
+        })
+        .transpose()?;
+    let opts = RestoreOpts {
+        image_path: &req.image.criu(),
+        work_path: &req.image.criu(),
+        bundle: req.bundle,
+        pid_file: &pid_file,
+        tcp_established: req.tcp_established,
+    };
+    let restored = req
+        .runc
+        .restore(req.new_id, &opts, stdio.as_ref())
+        .and_then(|()| read_pid(&pid_file));
+    let pid = match restored {
+        Ok(pid) => pid,
+        Err(e) => {
+            if let Err(de) = req.runc.delete_force(req.new_id) {
+                warn!(container = req.new_id, error = %de, "could not remove the failed restore");
+            }
+            return Err(e);
+        }
+    };
+    // A restored network namespace comes back with its loopback down (DESIGN §8).
+    let own_netns = cfg
+        .linux
+        .unwrap_or_default()
+        .namespaces
+        .iter()
+        .any(|n| n.kind == "network" && n.path.is_none());
+    if own_netns {
+        if let Err(e) = tools::run_capture(
+            std::process::Command::new("nsenter").args([
+                "-t",
+                &pid.to_string(),
+                "-n",
+                "ip",
+                "link",
+                "set",
+                "lo",
+                "up",
+            ]),
+            "bringing up loopback in the restored network namespace",
+        ) {
+            warn!(error = %e, "restored container's loopback may be down");
+        }
+    }
+    info!(container = req.new_id, pid, "container restored");
+    Ok(pid)
+}
+
+fn read_pid(p: &Path) -> Result<i32, EngineError> {
+    let s = std::fs::read_to_string(p).map_err(EngineError::io(p))?;
+    s.trim().parse().map_err(|_| EngineError::Io {
+        path: p.into(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a pid"),
+    })
+}
+
+/// Restores a process tree through CRIU's RPC. The tree gets its original pids back and becomes a
+/// child of this process (CRIU's `rst_sibling`); run under a reaping parent (DESIGN §8).
+pub fn restore_process(image: &ImageDir) -> Result<i32, EngineError> {
+    let (criu_path, _) = tools::criu_checked()?;
+    let dir = image.criu();
+    let info_path = dir.join(PROCESS_INFO_FILE);
+    let info: ProcessImageInfo = std::fs::read(&info_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| EngineError::Image {
+            dir: image.root.clone(),
+            reason: format!(
+                "{PROCESS_INFO_FILE} is missing or unreadable: not a process checkpoint"
+            ),
+        })?;
+    if proctree::alive(info.root_pid) {
+        return Err(EngineError::ToolFailed {
+            what: "criu restore".into(),
+            detail: format!(
+                "pid {} is in use by a running process; a process tree restores with its original pids (stop the original first)",
+                info.root_pid
+            ),
+            log: None,
+        });
+    }
+    let dir_fd = open_dir_inheritable(&dir)?;
+    let mut criu = rust_criu::Criu::new_with_criu_path(criu_path.display().to_string())
+        .map_err(|e| criu_failed("criu restore", e, None))?;
+    criu.set_images_dir_fd(dir_fd.as_raw_fd());
+    criu.set_log_file("restore.log".into());
+    criu.set_log_level(4);
+    criu.set_rst_sibling(true);
+    criu.set_tcp_established(info.tcp_established);
+    criu.set_shell_job(info.shell_job);
+    criu.set_file_locks(true);
+    criu.set_ext_unix_sk(true);
+    criu.restore()
+        .map_err(|e| criu_failed("criu restore", e, Some(image.criu_log("restore"))))?;
+    info!(pid = info.root_pid, "process tree restored");
+    Ok(info.root_pid)
+}

@@ -1,0 +1,280 @@
+//! A thin synchronous driver of the `runc` binary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Deserialize;
+
+use crate::error::EngineError;
+use crate::tools;
+
+/// runc's default state root for root.
+pub const DEFAULT_ROOT: &str = "/run/runc";
+
+/// `runc state` output (the fields stasis uses).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContainerState {
+    pub id: String,
+    pub pid: i32,
+    pub status: String,
+    pub bundle: PathBuf,
+    pub rootfs: PathBuf,
+    /// RFC 3339 with nanoseconds.
+    pub created: String,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+/// Options of a `runc checkpoint`.
+#[derive(Debug, Clone)]
+pub struct CheckpointOpts<'a> {
+    pub image_path: &'a Path,
+    pub work_path: &'a Path,
+    pub leave_running: bool,
+    pub tcp_established: bool,
+}
+
+/// Options of a `runc restore`.
+#[derive(Debug, Clone)]
+pub struct RestoreOpts<'a> {
+    pub image_path: &'a Path,
+    pub work_path: &'a Path,
+    pub bundle: &'a Path,
+    pub pid_file: &'a Path,
+    pub tcp_established: bool,
+}
+
+/// runc with a given binary and state root.
+#[derive(Debug, Clone)]
+pub struct Runc {
+    pub binary: PathBuf,
+    pub root: PathBuf,
+}
+
+impl Runc {
+    /// `runc` from PATH (or `$STASIS_RUNC`) with the given state root.
+    pub fn new(root: Option<&Path>) -> Result<Self, EngineError> {
+        let binary = match std::env::var_os("STASIS_RUNC") {
+            Some(p) => PathBuf::from(p),
+            None => tools::which("runc").ok_or_else(|| EngineError::ToolMissing {
+                tool: "runc".into(),
+                hint: "install runc (scripts/setup does), or set STASIS_RUNC".into(),
+            })?,
+        };
+        Ok(Self {
+            binary,
+            root: root.map_or_else(|| PathBuf::from(DEFAULT_ROOT), Path::to_path_buf),
+        })
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.binary);
+        c.arg("--root").arg(&self.root);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// The container's state; [`EngineError::ContainerNotFound`] when runc does not know it.
+    pub fn state(&self, id: &str) -> Result<ContainerState, EngineError> {
+        let out = self
+            .cmd()
+            .args(["state", id])
+            .output()
+            .map_err(EngineError::io(&self.binary))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("does not exist") || err.contains("not exist") {
+                return Err(EngineError::ContainerNotFound {
+                    id: id.into(),
+                    root: self.root.clone(),
+                });
+            }
+            return Err(EngineError::ToolFailed {
+                what: format!("runc state {id}"),
+                detail: tools::tail(&out.stderr, 4),
+                log: None,
+            });
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| EngineError::ToolFailed {
+            what: format!("runc state {id}"),
+            detail: format!("unreadable output: {e}"),
+            log: None,
+        })
+    }
+
+    pub fn exists(&self, id: &str) -> Result<bool, EngineError> {
+        match self.state(id) {
+            Ok(_) => Ok(true),
+            Err(EngineError::ContainerNotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn pause(&self, id: &str) -> Result<(), EngineError> {
+        tools::run_capture(self.cmd().args(["pause", id]), &format!("runc pause {id}")).map(drop)
+    }
+
+    pub fn resume(&self, id: &str) -> Result<(), EngineError> {
+        tools::run_capture(
+            self.cmd().args(["resume", id]),
+            &format!("runc resume {id}"),
+        )
+        .map(drop)
+    }
+
+    /// `runc delete --force`: kills and removes; a container that is already gone is fine.
+    pub fn delete_force(&self, id: &str) -> Result<(), EngineError> {
+        match tools::run_capture(
+            self.cmd().args(["delete", "--force", id]),
+            &format!("runc delete {id}"),
+        ) {
+            Ok(_) => Ok(()),
+            Err(EngineError::ToolFailed { detail, .. }) if detail.contains("does not exist") => {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The arguments of `runc checkpoint` (without the global ones).
+    pub fn checkpoint_args(id: &str, o: &CheckpointOpts<'_>) -> Vec<String> {
+        let mut a = vec![
+            "checkpoint".to_owned(),
+            "--image-path".to_owned(),
+            o.image_path.display().to_string(),
+            "--work-path".to_owned(),
+            o.work_path.display().to_string(),
+            "--file-locks".to_owned(),
+        ];
+        if o.leave_running {
+            a.push("--leave-running".into());
+        }
+        if o.tcp_established {
+            a.push("--tcp-established".into());
+        }
+        a.push(id.to_owned());
+        a
+    }
+
+    /// Spawns `runc checkpoint` and returns the child, so the caller can hand its pid to a
+    /// watchdog before waiting.
+    pub fn spawn_checkpoint(
+        &self,
+        id: &str,
+        o: &CheckpointOpts<'_>,
+    ) -> Result<std::process::Child, EngineError> {
+        self.cmd()
+            .args(Self::checkpoint_args(id, o))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(EngineError::io(&self.binary))
+    }
+
+    /// The arguments of `runc restore --detach` (without the global ones).
+    pub fn restore_args(id: &str, o: &RestoreOpts<'_>) -> Vec<String> {
+        let mut a = vec![
+            "restore".to_owned(),
+            "--detach".to_owned(),
+            "--image-path".to_owned(),
+            o.image_path.display().to_string(),
+            "--work-path".to_owned(),
+            o.work_path.display().to_string(),
+            "--bundle".to_owned(),
+            o.bundle.display().to_string(),
+            "--pid-file".to_owned(),
+            o.pid_file.display().to_string(),
+            "--file-locks".to_owned(),
+        ];
+        if o.tcp_established {
+            a.push("--tcp-established".into());
+        }
+        a.push(id.to_owned());
+        a
+    }
+
+    /// `runc restore --detach`, with the restored container's stdout and stderr going to
+    /// `stdio` (runc hands its own stdio to the restored process in place of the pipes it had).
+    pub fn restore(
+        &self,
+        id: &str,
+        o: &RestoreOpts<'_>,
+        stdio: Option<&std::fs::File>,
+    ) -> Result<(), EngineError> {
+        let mut c = self.cmd();
+        c.args(Self::restore_args(id, o));
+        let out = match stdio {
+            Some(f) => {
+                let err = f.try_clone().map_err(EngineError::io(o.bundle))?;
+                let outf = f.try_clone().map_err(EngineError::io(o.bundle))?;
+                c.stdout(outf).stderr(err);
+                let st = c.status().map_err(EngineError::io(&self.binary))?;
+                (st, Vec::new())
+            }
+            None => {
+                let out = c.output().map_err(EngineError::io(&self.binary))?;
+                (out.status, out.stderr)
+            }
+        };
+        if !out.0.success() {
+            let log = o.work_path.join("restore.log");
+            let detail = tools::criu_log_errors(&log)
+                .unwrap_or_else(|| format!("{}: {}", out.0, tools::tail(&out.1, 6)));
+            return Err(EngineError::ToolFailed {
+                what: format!("runc restore {id}"),
+                detail,
+                log: Some(log),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_and_restore_arguments() {
+        let p = Path::new("/i");
+        let w = Path::new("/w");
+        let a = Runc::checkpoint_args(
+            "c1",
+            &CheckpointOpts {
+                image_path: p,
+                work_path: w,
+                leave_running: true,
+                tcp_established: true,
+            },
+        );
+        assert_eq!(
+            a.join(" "),
+            "checkpoint --image-path /i --work-path /w --file-locks --leave-running --tcp-established c1"
+        );
+        let r = Runc::restore_args(
+            "c2",
+            &RestoreOpts {
+                image_path: p,
+                work_path: w,
+                bundle: Path::new("/b"),
+                pid_file: Path::new("/b/pid"),
+                tcp_established: false,
+            },
+        );
+        assert_eq!(
+            r.join(" "),
+            "restore --detach --image-path /i --work-path /w --bundle /b --pid-file /b/pid --file-locks c2"
+        );
+    }
+
+    #[test]
+    fn state_json_parses() {
+        let s: ContainerState = serde_json::from_str(
+            r#"{"ociVersion":"1.0.2","id":"c","pid":12,"status":"running","bundle":"/b","rootfs":"/b/rootfs","created":"2026-11-29T08:00:00.123456789Z","owner":"","annotations":{"a":"b"}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.pid, 12);
+        assert_eq!(s.annotations.unwrap()["a"], "b");
+    }
+}

@@ -1,0 +1,122 @@
+//! Finding and running the external tools the engine drives (CRIU, runc, tar).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use stasis_core::fingerprint::{Version, MIN_CRIU};
+
+use crate::error::EngineError;
+
+/// Looks a program up on `PATH` (and the sbin directories root tools live in).
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The CRIU binary: `$STASIS_CRIU`, else `criu` on PATH.
+pub fn criu_binary() -> Result<PathBuf, EngineError> {
+    if let Some(p) = std::env::var_os("STASIS_CRIU") {
+        return Ok(PathBuf::from(p));
+    }
+    which("criu").ok_or_else(|| EngineError::ToolMissing {
+        tool: "criu".into(),
+        hint: "install CRIU >= 4.2 (run scripts/setup, which takes it from Debian testing into a private prefix), or set STASIS_CRIU".into(),
+    })
+}
+
+/// CRIU's version, from `criu --version`.
+pub fn criu_version(criu: &Path) -> Result<Version, EngineError> {
+    let out = run_capture(Command::new(criu).arg("--version"), "criu --version")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Version::find_in(&text).ok_or_else(|| EngineError::ToolFailed {
+        what: "criu --version".into(),
+        detail: format!("no version in output {text:?}"),
+        log: None,
+    })
+}
+
+/// The CRIU binary, checked to be new enough.
+pub fn criu_checked() -> Result<(PathBuf, Version), EngineError> {
+    let criu = criu_binary()?;
+    let v = criu_version(&criu)?;
+    if (v.major, v.minor) < (MIN_CRIU.major, MIN_CRIU.minor) {
+        return Err(EngineError::CriuTooOld {
+            found: v.to_string(),
+        });
+    }
+    Ok((criu, v))
+}
+
+/// runc's version, from `runc --version`.
+pub fn runc_version(runc: &Path) -> Option<Version> {
+    let out = Command::new(runc).arg("--version").output().ok()?;
+    Version::find_in(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Runs a command to completion, capturing its output; a non-zero exit is an error carrying the
+/// last lines of stderr.
+pub fn run_capture(cmd: &mut Command, what: &str) -> Result<Output, EngineError> {
+    let out = cmd.output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            EngineError::ToolMissing {
+                tool: program_name(cmd),
+                hint: "install it (scripts/setup installs everything stasis needs)".into(),
+            }
+        } else {
+            EngineError::ToolFailed {
+                what: what.into(),
+                detail: e.to_string(),
+                log: None,
+            }
+        }
+    })?;
+    if !out.status.success() {
+        return Err(EngineError::ToolFailed {
+            what: what.into(),
+            detail: format!("{}: {}", out.status, tail(&out.stderr, 8)),
+            log: None,
+        });
+    }
+    Ok(out)
+}
+
+fn program_name(cmd: &Command) -> String {
+    Path::new(cmd.get_program())
+        .file_name()
+        .unwrap_or(OsStr::new("?"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The last `n` non-empty lines of a tool's output, trimmed, joined with " | ".
+pub fn tail(bytes: &[u8], n: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// The CRIU error lines of a log file (lines with "Error" or "Warn"), for error messages.
+pub fn criu_log_errors(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let errs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error") || l.contains("error"))
+        .collect();
+    if errs.is_empty() {
+        return None;
+    }
+    Some(errs[errs.len().saturating_sub(4)..].join(" | "))
+}
