@@ -1,0 +1,189 @@
+//! `stasis-gpu-roundtrip`: drives the CUDA checkpoint API on live processes, for
+//! `tests/gpu/run.sh` and for debugging on a GPU machine.
+//!
+//! ```text
+//! stasis-gpu-roundtrip --probe [--json]
+//! stasis-gpu-roundtrip <PID> [--tree] [--lock-timeout-ms N] [--hold-ms N]
+//!     lock → checkpoint (all CUDA processes of the tree with --tree) → hold → restore → unlock,
+//!     in place; prints one JSON object with each phase's time and the GPU memory in use before
+//!     and while checkpointed.
+//! stasis-gpu-roundtrip <PID> --action state|lock|checkpoint|restore|unlock|restore-tid
+//!     one call, like NVIDIA's cuda-checkpoint (--lock-timeout-ms applies to lock).
+//! ```
+//! Exit status: 0 success, 1 failure (message on stderr), 2 usage, 3 no NVIDIA driver.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stasis_gpu::detect::{process_tree, Procfs};
+use stasis_gpu::{probe, suspend_all, CheckpointApi, Driver, GpuError};
+
+const USAGE: &str = "usage: stasis-gpu-roundtrip --probe [--json]\n       \
+    stasis-gpu-roundtrip <PID> [--tree] [--lock-timeout-ms N] [--hold-ms N]\n       \
+    stasis-gpu-roundtrip <PID> --action state|lock|checkpoint|restore|unlock|restore-tid \
+    [--lock-timeout-ms N]";
+
+struct Args {
+    probe: bool,
+    json: bool,
+    pid: Option<i32>,
+    tree: bool,
+    lock_timeout: Duration,
+    hold: Duration,
+    action: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        probe: false,
+        json: false,
+        pid: None,
+        tree: false,
+        lock_timeout: Duration::from_secs(10),
+        hold: Duration::from_millis(0),
+        action: None,
+    };
+    let mut it = std::env::args().skip(1);
+    let num = |v: Option<String>, flag: &str| -> Result<u64, String> {
+        v.and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("{flag} needs a number"))
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--probe" => a.probe = true,
+            "--json" => a.json = true,
+            "--tree" => a.tree = true,
+            "--lock-timeout-ms" => {
+                a.lock_timeout = Duration::from_millis(num(it.next(), "--lock-timeout-ms")?)
+            }
+            "--hold-ms" => a.hold = Duration::from_millis(num(it.next(), "--hold-ms")?),
+            "--action" => a.action = Some(it.next().ok_or("--action needs a value")?),
+            "-h" | "--help" => return Err(String::new()),
+            p => a.pid = Some(p.parse().map_err(|_| format!("not a pid: {p}"))?),
+        }
+    }
+    if !a.probe && a.pid.is_none() {
+        return Err("a PID or --probe is needed".into());
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("stasis-gpu-roundtrip: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.probe {
+        let p = probe();
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&p).unwrap_or_default());
+        } else {
+            print!("{p}");
+            println!();
+        }
+        return if p.no_driver.is_some() {
+            ExitCode::from(3)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    match run(&args) {
+        Ok(out) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e @ GpuError::NoDriver(_)) => {
+            eprintln!("stasis-gpu-roundtrip: {e}");
+            ExitCode::from(3)
+        }
+        Err(e) => {
+            eprintln!("stasis-gpu-roundtrip: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn used_bytes() -> Option<u64> {
+    stasis_gpu::nvml::memory_used()
+        .ok()
+        .map(|v| v.into_iter().flatten().sum())
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn run(a: &Args) -> Result<serde_json::Value, GpuError> {
+    let pid = a.pid.unwrap_or_default();
+    let t = Instant::now();
+    let driver = Arc::new(Driver::load()?);
+    let init_ms = ms(t.elapsed());
+    if let Some(action) = &a.action {
+        let t = Instant::now();
+        let state = match action.as_str() {
+            "state" => None,
+            "lock" => Some(driver.lock(pid, Some(a.lock_timeout))),
+            "checkpoint" => Some(driver.checkpoint(pid)),
+            "restore" => Some(driver.restore(pid, &[])),
+            "unlock" => Some(driver.unlock(pid)),
+            "restore-tid" => {
+                let tid = driver.restore_thread_id(pid)?;
+                return Ok(serde_json::json!({ "pid": pid, "restore_tid": tid }));
+            }
+            other => return Err(GpuError::Unsupported(format!("unknown action {other}"))),
+        };
+        if let Some(r) = state {
+            r?;
+        }
+        return Ok(serde_json::json!({
+            "pid": pid,
+            "action": action,
+            "ms": ms(t.elapsed()),
+            "state": driver.state(pid)?.to_string(),
+        }));
+    }
+    let pids = if a.tree {
+        let procfs = Procfs::default();
+        let cands = procfs.gpu_candidates(&process_tree(&procfs, pid));
+        let pids: Vec<i32> = cands
+            .into_iter()
+            .filter(|&p| driver.state(p).is_ok())
+            .collect();
+        procfs.check_supported(&pids)?;
+        pids
+    } else {
+        Procfs::default().check_supported(&[pid])?;
+        vec![pid]
+    };
+    let before = driver.state(pid)?;
+    let restore_tid = driver.restore_thread_id(pid).ok();
+    let used_before = used_bytes();
+    let s = suspend_all(driver.clone(), &pids, a.lock_timeout)?;
+    let state_checkpointed = driver.state(pid)?.to_string();
+    let used_checkpointed = used_bytes();
+    std::thread::sleep(a.hold);
+    let timings = s.resume()?;
+    let after = driver.state(pid)?;
+    Ok(serde_json::json!({
+        "pids": pids,
+        "cuda_driver_version": driver.cuda_version(),
+        "driver_load_ms": init_ms,
+        "state_before": before.to_string(),
+        "state_checkpointed": state_checkpointed,
+        "state_after": after.to_string(),
+        "restore_tid": restore_tid,
+        "gpu_used_before_bytes": used_before,
+        "gpu_used_checkpointed_bytes": used_checkpointed,
+        "lock_ms": ms(timings.lock),
+        "checkpoint_ms": ms(timings.checkpoint),
+        "restore_ms": ms(timings.restore),
+        "unlock_ms": ms(timings.unlock),
+    }))
+}
