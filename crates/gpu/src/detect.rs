@@ -38,20 +38,20 @@ impl Procfs {
         self.root.join(pid.to_string())
     }
 
+    /// Whether `pid` has a `/dev/nvidia*` file open (CRIU cannot dump those).
+    pub fn has_nvidia_fd(&self, pid: i32) -> bool {
+        let Ok(fds) = fs::read_dir(self.pid_dir(pid).join("fd")) else {
+            return false;
+        };
+        fds.flatten().any(|fd| {
+            fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/dev/nvidia"))
+        })
+    }
+
     /// Whether `pid` has a `/dev/nvidia*` file open or `libcuda.so` mapped. Unreadable
     /// entries (the process exited, no permission) count as "no".
     pub fn touches_gpu(&self, pid: i32) -> bool {
-        let dir = self.pid_dir(pid);
-        if let Ok(fds) = fs::read_dir(dir.join("fd")) {
-            for fd in fds.flatten() {
-                if let Ok(target) = fs::read_link(fd.path()) {
-                    if target.to_string_lossy().starts_with("/dev/nvidia") {
-                        return true;
-                    }
-                }
-            }
-        }
-        fs::read_to_string(dir.join("maps")).is_ok_and(|m| m.contains("libcuda.so"))
+        self.has_nvidia_fd(pid) || self.maps_contain(pid, "libcuda.so")
     }
 
     /// The pids of `pids` that touch the GPU, in the given order.
@@ -206,6 +206,7 @@ mod tests {
         );
         let p = Procfs::new(r);
         assert_eq!(p.gpu_candidates(&[1, 2, 3, 4]), [2, 3]);
+        assert!(p.has_nvidia_fd(2) && !p.has_nvidia_fd(3));
     }
 
     #[test]
