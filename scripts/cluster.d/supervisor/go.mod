@@ -1,0 +1,3 @@
+module stasis.local/cluster/supervisor
+
+go 1.26

@@ -1,0 +1,3 @@
+module stasis.local/tests/testbins
+
+go 1.26
