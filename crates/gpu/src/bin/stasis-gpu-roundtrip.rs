@@ -9,6 +9,10 @@
 //!     and while checkpointed.
 //! stasis-gpu-roundtrip <PID> --action state|lock|checkpoint|restore|unlock|restore-tid
 //!     one call, like NVIDIA's cuda-checkpoint (--lock-timeout-ms applies to lock).
+//! stasis-gpu-roundtrip <PID> [--tree] --action suspend|resume
+//!     suspend: lock all, then checkpoint all, and leave them CHECKPOINTED (for a CRIU dump
+//!     that follows); resume: from whatever state each is in, restore all then unlock all
+//!     (after a CRIU restore, or after a leave-running dump).
 //! ```
 //! Exit status: 0 success, 1 failure (message on stderr), 2 usage, 3 no NVIDIA driver.
 
@@ -22,7 +26,8 @@ use stasis_gpu::{probe, suspend_all, CheckpointApi, Driver, GpuError};
 const USAGE: &str = "usage: stasis-gpu-roundtrip --probe [--json]\n       \
     stasis-gpu-roundtrip <PID> [--tree] [--lock-timeout-ms N] [--hold-ms N]\n       \
     stasis-gpu-roundtrip <PID> --action state|lock|checkpoint|restore|unlock|restore-tid \
-    [--lock-timeout-ms N]";
+    [--lock-timeout-ms N]\n       \
+    stasis-gpu-roundtrip <PID> [--tree] --action suspend|resume [--lock-timeout-ms N]";
 
 struct Args {
     probe: bool,
@@ -120,11 +125,66 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
+/// The pids to act on: `pid`, or with `--tree` every process of its tree that the driver knows
+/// as a CUDA process (all of the tree, not only those with NVIDIA devices open: after a CRIU
+/// restore the checkpointed processes have none).
+fn target_pids(a: &Args, driver: &Driver, check: bool) -> Result<Vec<i32>, GpuError> {
+    let pid = a.pid.unwrap_or_default();
+    let procfs = Procfs::default();
+    let pids = if a.tree {
+        process_tree(&procfs, pid)
+            .into_iter()
+            .filter(|&p| driver.state(p).is_ok())
+            .collect()
+    } else {
+        vec![pid]
+    };
+    if check {
+        procfs.check_supported(&pids)?;
+    }
+    Ok(pids)
+}
+
+fn group_action(
+    a: &Args,
+    driver: Arc<Driver>,
+    action: &str,
+    init_ms: f64,
+) -> Result<serde_json::Value, GpuError> {
+    let pids = target_pids(a, driver.as_ref(), action == "suspend")?;
+    let timings = if action == "suspend" {
+        suspend_all(driver.clone(), &pids, a.lock_timeout)?.discard()
+    } else {
+        stasis_gpu::resume_restored(driver.as_ref(), &pids, &[])?
+    };
+    let states: Vec<String> = pids
+        .iter()
+        .map(|&p| {
+            driver
+                .state(p)
+                .map_or_else(|e| e.to_string(), |s| s.to_string())
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "action": action,
+        "pids": pids,
+        "states": states,
+        "driver_load_ms": init_ms,
+        "lock_ms": ms(timings.lock),
+        "checkpoint_ms": ms(timings.checkpoint),
+        "restore_ms": ms(timings.restore),
+        "unlock_ms": ms(timings.unlock),
+    }))
+}
+
 fn run(a: &Args) -> Result<serde_json::Value, GpuError> {
     let pid = a.pid.unwrap_or_default();
     let t = Instant::now();
     let driver = Arc::new(Driver::load()?);
     let init_ms = ms(t.elapsed());
+    if let Some(action @ ("suspend" | "resume")) = a.action.as_deref() {
+        return group_action(a, driver, action, init_ms);
+    }
     if let Some(action) = &a.action {
         let t = Instant::now();
         let state = match action.as_str() {
@@ -149,19 +209,7 @@ fn run(a: &Args) -> Result<serde_json::Value, GpuError> {
             "state": driver.state(pid)?.to_string(),
         }));
     }
-    let pids = if a.tree {
-        let procfs = Procfs::default();
-        let cands = procfs.gpu_candidates(&process_tree(&procfs, pid));
-        let pids: Vec<i32> = cands
-            .into_iter()
-            .filter(|&p| driver.state(p).is_ok())
-            .collect();
-        procfs.check_supported(&pids)?;
-        pids
-    } else {
-        Procfs::default().check_supported(&[pid])?;
-        vec![pid]
-    };
+    let pids = target_pids(a, driver.as_ref(), true)?;
     let before = driver.state(pid)?;
     let restore_tid = driver.restore_thread_id(pid).ok();
     let used_before = used_bytes();

@@ -1,0 +1,382 @@
+#!/usr/bin/env bash
+# GPU checkpoint/restore test for a lent GPU machine (see docs/gpu.md).
+#
+# Uses only what it carries (dist/gpu/, built here by tests/gpu/prepare.sh) plus the machine's
+# NVIDIA driver and PyTorch; reaches no network. It probes first, then:
+#   1. a PyTorch process fills STASIS_GPU_TEST_GIB (default 8) GiB of GPU memory with seeded random
+#      data, records checksums, and counts steps;
+#   2. driver API round trip in place (lock, checkpoint, restore, unlock) with
+#      stasis-gpu-roundtrip, then the workload verifies its tensors and that it kept counting;
+#   3. where `criu check` passes: GPU suspend + `stasis checkpoint process` (leave running) + GPU
+#      resume; then GPU suspend + `stasis checkpoint process --stop`, the process is gone,
+#      `stasis restore --process`, GPU resume, verify tensors and that the count continued;
+#   4. a cold start of the same process (python, import torch, CUDA init, load the same tensors);
+#   5. a table of every phase (seconds, GB/s), restore vs cold start, what was skipped and why.
+# Results go to $OUT (gpu-results.md, gpu-results.json, gpu-run.log) when OUT is set.
+#
+# Environment: STASIS_GPU_TEST_GIB (8), STASIS_GPU_TEST_BUDGET seconds for the whole run (225),
+# STASIS_GPU_DIST (dist/gpu), STASIS_GPU_WORK (parent of the scratch dir, /tmp),
+# STASIS_GPU_LOCK_TIMEOUT_MS (10000), STASIS_GPU_KEEP=1 keeps the scratch dir.
+# Exit status: 0 every check that ran passed (skips are listed), 1 a check failed, 2 nothing ran.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+HERE=$ROOT/tests/gpu
+DIST=${STASIS_GPU_DIST:-$ROOT/dist/gpu}
+GIB=${STASIS_GPU_TEST_GIB:-8}
+BUDGET=${STASIS_GPU_TEST_BUDGET:-225}
+LOCK_MS=${STASIS_GPU_LOCK_TIMEOUT_MS:-10000}
+OUTDIR=${OUT:-}
+SECONDS=0
+
+WORK=$(mktemp -d "${STASIS_GPU_WORK:-/tmp}/stasis-gpu.XXXXXX")
+RES=$WORK/res
+STATE=$WORK/state
+mkdir -p "$RES" "$STATE"
+LOG=$WORK/run.log
+exec > >(tee -a "$LOG") 2>&1
+
+STARTED=()   # every pid this script started or restored; killed on exit
+RAN=0        # checks that ran
+FAILS=0
+
+say() { printf '[%3ds] %s\n' "$SECONDS" "$*"; }
+skip() { say "SKIP $1: $2"; echo "$1: $2" >>"$RES/skipped.txt"; }
+fail() { say "FAIL $1"; echo "$1" >>"$RES/failed.txt"; FAILS=$((FAILS + 1)); }
+pass() { say "PASS $1"; RAN=$((RAN + 1)); }
+meta() { echo "$1=$2" >>"$RES/meta.env"; }
+left() { echo $((BUDGET - SECONDS)); }
+jget() { python3 "$HERE/report.py" get "$1" "$2" 2>/dev/null || true; }
+# Alive and not a zombie (a killed child of this script stays a zombie until reaped).
+alive() {
+  [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null &&
+    [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]
+}
+reap() { alive "$1" || wait "$1" 2>/dev/null || true; }
+
+# T SECS CMD...: run CMD with a timeout, never past the budget.
+T() {
+  local t=$1 l
+  shift
+  l=$(left)
+  if ((l < 5)); then
+    say "out of time budget before: $*"
+    return 124
+  fi
+  ((t > l)) && t=$l
+  timeout -k 3 "$t" "$@"
+}
+
+wait_file() { # FILE SECS
+  local end=$((SECONDS + $2))
+  while [[ ! -e $1 ]]; do
+    ((SECONDS >= end)) && return 1
+    sleep 0.2
+  done
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  for p in "${STARTED[@]}"; do
+    alive "$p" && kill -9 "$p" 2>/dev/null
+  done
+  if [[ -n $OUTDIR ]]; then
+    mkdir -p "$OUTDIR"
+    sleep 0.3
+    cp "$LOG" "$OUTDIR/gpu-run.log" 2>/dev/null
+  fi
+  if [[ -z ${STASIS_GPU_KEEP:-} ]]; then
+    rm -rf "$WORK"
+  else
+    echo "kept $WORK"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "stasis GPU test: ${GIB} GiB, budget ${BUDGET}s, work dir $WORK"
+meta gib "$GIB"
+
+# ---------------------------------------------------------------------------------------------
+say "== probe"
+bin() { # the carried binary, else a local release build
+  if [[ -x $DIST/bin/$1 ]]; then echo "$DIST/bin/$1"
+  elif [[ -x $ROOT/target/release/$1 ]]; then echo "$ROOT/target/release/$1"
+  fi
+}
+RT=$(bin stasis-gpu-roundtrip)
+STASIS=$(bin stasis)
+[[ -f $DIST/MANIFEST ]] && sed 's/^/  dist: /' "$DIST/MANIFEST"
+say "kernel $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/{printf "%d GiB", $2/1048576}' /proc/meminfo) RAM"
+RUNTIME="kernel $(uname -r)"
+if dmesg 2>/dev/null | grep -qi gvisor || grep -qi gvisor /proc/version 2>/dev/null; then
+  RUNTIME="gVisor ($RUNTIME)"
+fi
+meta runtime "$RUNTIME"
+
+if command -v nvidia-smi >/dev/null; then
+  T 30 nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,mig.mode.current \
+    --format=csv,noheader || true
+fi
+
+HAVE_DRIVER=0
+API=0
+if [[ -z $RT ]]; then
+  skip "driver API" "stasis-gpu-roundtrip not carried (run tests/gpu/prepare.sh and carry dist/gpu)"
+else
+  set +e
+  T 60 "$RT" --probe --json >"$RES/probe.json"
+  prc=$?
+  set -e
+  cat "$RES/probe.json"
+  if ((prc == 3)); then
+    skip "everything on the GPU" "no NVIDIA driver ($(jget "$RES/probe.json" no_driver))"
+  elif ((prc != 0)); then
+    fail "probe (stasis-gpu-roundtrip --probe exited $prc)"
+  else
+    HAVE_DRIVER=1
+    meta driver "$(jget "$RES/probe.json" driver_version)"
+    meta cuda_driver "$(jget "$RES/probe.json" cuda_driver_version)"
+    meta gpu "$(jget "$RES/probe.json" fingerprint.devices.0.name) x $(python3 -c "import json;print(len(json.load(open('$RES/probe.json'))['fingerprint']['devices']))" 2>/dev/null || echo '?')"
+    if [[ $(jget "$RES/probe.json" checkpoint_api) == true ]]; then
+      API=1
+      pass "probe: driver has the CUDA checkpoint API"
+    else
+      skip "driver API round trip" "driver lacks the checkpoint API: $(jget "$RES/probe.json" problems)"
+    fi
+  fi
+fi
+
+TORCH=0
+if ((HAVE_DRIVER)); then
+  if T 90 python3 -c 'import json, torch; print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}))' >"$RES/torch.json"; then
+    cat "$RES/torch.json"
+    if [[ $(jget "$RES/torch.json" available) == true ]]; then
+      TORCH=1
+    else
+      skip "workload" "PyTorch sees no CUDA device"
+    fi
+  else
+    skip "workload" "python3 -c 'import torch' failed on this machine (no PyTorch)"
+  fi
+fi
+
+CRIU_OK=0
+CRIU=""
+if [[ -x $DIST/criu/criu ]]; then CRIU=$DIST/criu/criu
+elif command -v criu >/dev/null; then CRIU=$(command -v criu)
+fi
+if [[ -z $CRIU ]]; then
+  skip "CRIU part" "no CRIU carried (dist/gpu/criu) or installed"
+elif [[ -z $STASIS ]]; then
+  skip "CRIU part" "stasis binary not carried"
+else
+  meta criu "$("$CRIU" --version 2>/dev/null | head -n1)"
+  if T 60 "$CRIU" check >"$RES/criu-check.txt" 2>&1; then
+    CRIU_OK=1
+    say "criu check: $(tail -n1 "$RES/criu-check.txt")"
+  else
+    skip "CRIU part" "criu check failed: $(grep -m1 -iE 'error|fail' "$RES/criu-check.txt" || tail -n1 "$RES/criu-check.txt")"
+  fi
+  T 30 "$STASIS" doctor 2>&1 | sed 's/^/  doctor: /' || true
+fi
+
+# ---------------------------------------------------------------------------------------------
+WPID=""
+if ((TORCH)); then
+  say "== workload: ${GIB} GiB of random data on the GPU"
+  free_gib=$(df -BG --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
+  SAVE=(--save "$WORK/saved")
+  need=$(python3 -c "print(int(4 * $GIB + 8))")
+  if ((free_gib < need)); then
+    SAVE=()
+    skip "cold start" "only ${free_gib} GiB free on $WORK, ${need} GiB needed for saved tensors, store and images"
+  fi
+  setsid python3 "$HERE/workload.py" --dir "$STATE" --gib "$GIB" "${SAVE[@]}" \
+    </dev/null >"$WORK/workload.log" 2>&1 &
+  STARTED+=($!)
+  if wait_file "$STATE/ready" "$(( $(left) > 150 ? 150 : $(left) ))"; then
+    cp "$STATE/ready" "$RES/ready.json"
+    WPID=$(jget "$RES/ready.json" pid)
+    STARTED+=("$WPID")
+    say "workload pid $WPID ready: $(cat "$RES/ready.json")"
+  else
+    fail "workload did not become ready"
+    tail -n 20 "$WORK/workload.log" || true
+  fi
+fi
+
+N=0
+verify() { # ID SECS [MIN_STEP]: ask the workload to check its tensors; pass/fail
+  local id=$1 f=$STATE/verify-$1.json
+  echo "$id" >"$STATE/verify-request.tmp" && mv "$STATE/verify-request.tmp" "$STATE/verify-request"
+  if ! wait_file "$f" "$2"; then
+    fail "verify $id: no answer from the workload in $2 s"
+    return 1
+  fi
+  sleep 0.1
+  cp "$f" "$RES/verify-$id.json"
+  local ok step
+  ok=$(jget "$f" ok)
+  step=$(jget "$f" step)
+  if [[ $ok != true ]]; then
+    fail "verify $id: $(cat "$f")"
+    return 1
+  fi
+  if [[ -n ${3:-} ]] && ((step <= $3)); then
+    fail "verify $id: step $step did not continue past $3"
+    return 1
+  fi
+  pass "verify $id: ${GIB} GiB intact, step $step (GPU counter agrees)"
+}
+step_now() { cat "$STATE/step" 2>/dev/null || echo 0; }
+
+if [[ -n $WPID ]]; then
+  sleep 1
+  verify base 60 || true
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ -n $WPID ]] && ((API)); then
+  say "== driver API round trip in place (lock, checkpoint, restore, unlock)"
+  s0=$(step_now)
+  if T 120 "$RT" "$WPID" --tree --hold-ms 1000 --lock-timeout-ms "$LOCK_MS" >"$RES/roundtrip.json"; then
+    cat "$RES/roundtrip.json"
+    pass "driver API round trip"
+    sleep 0.5
+    verify rt 60 "$s0" || true
+  else
+    fail "driver API round trip (stasis-gpu-roundtrip $WPID)"
+  fi
+elif [[ -n $WPID ]]; then
+  skip "driver API round trip" "no checkpoint API"
+fi
+
+# ---------------------------------------------------------------------------------------------
+gpu() { # NAME PID ACTION: stasis-gpu-roundtrip --action, result in $RES/NAME.json
+  T 90 "$RT" "$2" --tree --action "$3" --lock-timeout-ms "$LOCK_MS" >"$RES/$1.json" &&
+    say "gpu $3: $(cat "$RES/$1.json")"
+}
+criu_logs() {
+  find "$WORK/scratch" -name '*.log' -newer "$RES/ready.json" 2>/dev/null | while read -r l; do
+    say "--- $l (tail)"
+    tail -n 25 "$l"
+  done
+}
+
+if [[ -n $WPID ]] && ((API)) && ((CRIU_OK)); then
+  if (($(left) < 100)); then
+    skip "CRIU part" "only $(left) s of the budget left"
+  else
+    say "== CRIU: checkpoint leave-running, then stop, restore"
+    export STASIS_CRIU=$CRIU
+    KEY=$WORK/key
+    STORE=file://$WORK/store
+    mkdir -p "$WORK/store" "$WORK/scratch"
+    meta store "file:// on $(df --output=source "$WORK" | tail -n1) (local disk)"
+    "$STASIS" key generate "$KEY" >/dev/null
+    COMMON=(--store "$STORE" --key "$KEY" --work-dir "$WORK/scratch")
+    ok=1
+    # a) leave running
+    if gpu suspend1 "$WPID" suspend; then
+      if T 150 "$STASIS" -q -o json checkpoint process "$WPID" "${COMMON[@]}" --workload gpu-test >"$RES/ckpt1.json"; then
+        say "checkpoint: $(cat "$RES/ckpt1.json")"
+        pass "stasis checkpoint process (leave running)"
+      else
+        fail "stasis checkpoint process (leave running)"
+        criu_logs
+        ok=0
+      fi
+      s0=$(step_now)
+      if gpu resume1 "$WPID" resume; then
+        sleep 0.5
+        verify lr 60 "$s0" || ok=0
+      else
+        fail "GPU resume after the leave-running dump"
+        ok=0
+      fi
+    else
+      fail "GPU suspend before the dump"
+      ok=0
+    fi
+    # b) stop, kill, restore
+    if ((ok)) && (($(left) > 60)); then
+      if gpu suspend2 "$WPID" suspend; then
+        if T 150 "$STASIS" -q -o json checkpoint process "$WPID" "${COMMON[@]}" --workload gpu-test --stop >"$RES/ckpt2.json"; then
+          say "checkpoint --stop: $(cat "$RES/ckpt2.json")"
+          s_dump=$(step_now)
+          for _ in $(seq 50); do alive "$WPID" || break; sleep 0.2; done
+          if alive "$WPID"; then
+            say "pid $WPID still there after --stop; killing it"
+            kill -9 "$WPID" || true
+            sleep 0.5
+          fi
+          reap "$WPID" # the restore needs its pid free
+          REF=$(jget "$RES/ckpt2.json" reference)
+          if T 150 "$STASIS" -q -o json restore "$REF" "${COMMON[@]}" --process >"$RES/restore.json"; then
+            say "restore: $(cat "$RES/restore.json")"
+            NEWPID=$(jget "$RES/restore.json" pid)
+            STARTED+=("$NEWPID")
+            pass "stasis restore --process ($REF as pid $NEWPID)"
+            if gpu resume2 "$NEWPID" resume; then
+              sleep 0.5
+              verify restored 90 "$s_dump" || true
+            else
+              fail "GPU restore + unlock after the CRIU restore"
+            fi
+          else
+            fail "stasis restore --process"
+            criu_logs
+          fi
+        else
+          fail "stasis checkpoint process --stop"
+          criu_logs
+          gpu resume-failed "$WPID" resume || true
+        fi
+      else
+        fail "GPU suspend before the --stop dump"
+      fi
+    else
+      skip "CRIU stop + restore" "leave-running part failed or too little time left ($(left) s)"
+    fi
+  fi
+elif [[ -n $WPID ]] && ((CRIU_OK)); then
+  skip "CRIU part" "no checkpoint API"
+fi
+
+# ---------------------------------------------------------------------------------------------
+touch "$STATE/stop"
+for p in "${STARTED[@]}"; do
+  for _ in $(seq 25); do alive "$p" || break; sleep 0.2; done
+  if alive "$p"; then kill -9 "$p" 2>/dev/null || true; fi
+  reap "$p"
+done
+if [[ -d $WORK/saved ]]; then
+  if (($(left) < 30)); then
+    skip "cold start" "only $(left) s of the budget left"
+  else
+    say "== cold start: python, import torch, CUDA init, load ${GIB} GiB from $WORK/saved (page cache warm, like the store)"
+    t0=$(date +%s.%N)
+    if T 150 python3 "$HERE/workload.py" --cold-start "$WORK/saved" --dir "$STATE" >"$RES/cold.json"; then
+      t1=$(date +%s.%N)
+      meta cold_wall_s "$(python3 -c "print(round($t1 - $t0, 3))")"
+      cat "$RES/cold.json"
+      pass "cold start (tensors verified)"
+    else
+      fail "cold start"
+    fi
+  fi
+elif [[ -n $WPID ]]; then
+  [[ -f $RES/skipped.txt ]] && grep -q '^cold start' "$RES/skipped.txt" || skip "cold start" "no saved tensors"
+fi
+
+# ---------------------------------------------------------------------------------------------
+say "== results"
+python3 "$HERE/report.py" table "$RES" "$OUTDIR" || cat "$RES"/*.json
+say "done in ${SECONDS}s: $RAN checks passed, $FAILS failed"
+if ((FAILS > 0)); then exit 1; fi
+if ((RAN == 0)); then exit 2; fi
+exit 0
