@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# End-to-end test of the local cluster (scripts/cluster): issue 3's "Must show" list.
+# Needs root. Brings the cluster up (building the platform binaries if they are not cached),
+# runs the checks, and takes it down again (STASIS_E2E_KEEP_CLUSTER=1 leaves it up).
+# Prints "N passed, M failed" and exits non-zero when a check failed.
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CLUSTER=$REPO/scripts/cluster
+PASSED=0 FAILED=0
+T_START=$(date +%s)
+
+pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
+fail() { FAILED=$((FAILED + 1)); echo "not ok - $1${2:+: $2}"; }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name"; fi; }
+finish() {
+  echo "e2e cluster: $(( $(date +%s) - T_START )) s"
+  echo "$PASSED passed, $FAILED failed"
+  [ "$FAILED" -eq 0 ]
+  exit $?
+}
+secs() { local a=$1; awk -v a="$a" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
+retry() { # timeout-seconds command...
+  local end=$(( $(date +%s) + $1 )); shift
+  until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done
+}
+
+# ------------------------------------------------------------------ up
+t=$(date +%s.%N)
+if ! "$CLUSTER" up; then fail "scripts/cluster up"; finish; fi
+echo "# cluster up: $(secs "$t") s"
+eval "$("$CLUSTER" env)"
+for v in KUBECONFIG AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY STASIS_S3_BUCKET; do
+  [ -n "${!v:-}" ] || fail "env exports $v"
+done
+check "env puts kubectl and helm on PATH" bash -c 'command -v kubectl && command -v helm && helm version --short'
+
+node_ready() { [ "$(kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = "$2" ]; }
+check "worker-1 Ready" node_ready worker-1 True
+check "worker-2 Ready" node_ready worker-2 True
+
+NS=e2e-cluster
+kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null 2>&1
+kubectl create namespace "$NS" >/dev/null
+kubectl -n "$NS" create secret generic stasis-s3 --from-env-file <("$CLUSTER" env | sed 's/^export //') >/dev/null
+kubectl -n "$NS" apply -f - >/dev/null <<'EOF'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: echo}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule,
+         nodeTaintsPolicy: Honor, labelSelector: {matchLabels: {app: echo}}}
+      tolerations:
+      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 5}
+      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5}
+      containers:
+      - name: echo
+        image: stasis.local/testapp:dev
+        imagePullPolicy: Never
+        envFrom: [{secretRef: {name: stasis-s3}}]
+        ports: [{containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: target, labels: {app: target}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: worker-2}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: target
+    image: stasis.local/testapp:dev
+    imagePullPolicy: Never
+    envFrom: [{secretRef: {name: stasis-s3}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: target}
+spec:
+  selector: {app: target}
+  ports: [{port: 80, targetPort: 8080}]
+EOF
+t=$(date +%s.%N)
+check "2-replica Deployment rolls out" kubectl -n "$NS" rollout status deploy/echo --timeout=180s
+check "pod on worker-2 Running" kubectl -n "$NS" wait --for=condition=Ready pod/target --timeout=120s
+echo "# pods Running: $(secs "$t") s"
+pod_on() { kubectl -n "$NS" get pods -l app=echo --field-selector "spec.nodeName=$1,status.phase=Running" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
+P1=$(pod_on worker-1) P2=$(pod_on worker-2)
+check "Deployment spread across both nodes" test -n "$P1" -a -n "$P2"
+check "kubectl logs" bash -c "kubectl -n $NS logs $P1 | grep -q 'testapp serving on :8080'"
+check "kubectl exec" test "$(kubectl -n "$NS" exec "$P1" -- /testapp hostname 2>&1)" = "$P1"
+out=$(kubectl -n "$NS" exec "$P1" -- /testapp get http://target/ 2>&1)
+check "pod on worker-1 reaches pod on worker-2 through Service name 'target'" test "$out" = "hello from target"
+[ "$out" = "hello from target" ] || echo "# got: $out"
+out=$(kubectl -n "$NS" exec "$P1" -- /testapp get "http://target.$NS.svc.cluster.local/" 2>&1)
+check "... and through its FQDN" test "$out" = "hello from target"
+
+KEY=e2e/object-$RANDOM$RANDOM
+VAL="written on worker-1 at $(date +%s)"
+check "S3 PUT from a pod on worker-1" kubectl -n "$NS" exec "$P1" -- /testapp s3put "$STASIS_S3_BUCKET" "$KEY" "$VAL"
+check "S3 GET of that object from a pod on worker-2" test "$(kubectl -n "$NS" exec target -- /testapp s3get "$STASIS_S3_BUCKET" "$KEY" 2>&1)" = "$VAL"
+
+# ------------------------------------------------------------------ drain
+kubectl -n "$NS" delete pod target --wait=false >/dev/null
+t=$(date +%s.%N)
+check "kubectl drain worker-2" kubectl drain worker-2 --ignore-daemonsets --delete-emptydir-data --force --timeout=120s
+both_on_worker1() {
+  local n; n=$(kubectl -n "$NS" get pods -l app=echo --field-selector spec.nodeName=worker-1 -o json |
+    jq '[.items[] | select(.metadata.deletionTimestamp == null and (.status.conditions // [] | any(.type == "Ready" and .status == "True")))] | length')
+  [ "$n" = 2 ]
+}
+check "drained pod moved to worker-1 and is Ready" retry 120 both_on_worker1
+echo "# drain and reschedule: $(secs "$t") s"
+kubectl uncordon worker-2 >/dev/null
+
+# ------------------------------------------------------------------ kill-node
+# put one replica back on worker-2 (the spread constraint sends the replacement there)
+kubectl -n "$NS" delete pod "$(pod_on worker-1)" --wait=false >/dev/null
+check "a replica is back on worker-2" retry 120 bash -c "test -n \"\$(kubectl -n $NS get pods -l app=echo --field-selector spec.nodeName=worker-2,status.phase=Running -o name)\""
+t=$(date +%s.%N)
+check "kill-node worker-2" "$CLUSTER" kill-node worker-2
+check "no process of worker-2 is left" bash -c "! ( for p in /proc/[0-9]*/cgroup; do grep -l 'freezer:/stasis-cluster/worker-2' \$p 2>/dev/null; done | grep -q . )"
+check "worker-2 becomes NotReady" retry 90 bash -c "test \"\$(kubectl get node worker-2 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" != True"
+echo "# NotReady after: $(secs "$t") s"
+check "pods of worker-2 rescheduled to worker-1 after taint-based eviction" retry 150 both_on_worker1
+echo "# rescheduled after: $(secs "$t") s"
+check "kubectl still works against the surviving node" kubectl -n "$NS" exec "$(pod_on worker-1)" -- /testapp hostname
+
+# ------------------------------------------------------------------ down leaves nothing
+t=$(date +%s.%N)
+check "scripts/cluster down" "$CLUSTER" down
+echo "# down: $(secs "$t") s"
+leftovers() {
+  local bad=0
+  ls /var/lib/stasis-cluster >/dev/null 2>&1 && { echo "# state dir left"; bad=1; }
+  ip link show stasis0 >/dev/null 2>&1 && { echo "# bridge left"; bad=1; }
+  grep -q stasis-cluster /proc/self/mountinfo && { echo "# mounts left"; bad=1; }
+  ls -d /sys/fs/cgroup/*/stasis-cluster 2>/dev/null | grep -q . && { echo "# cgroups left"; bad=1; }
+  local z; z=$(ps -eo stat=,comm= | awk '$1 ~ /^Z/ && $2 ~ /^(containerd|containerd-shim|kubelet|kube-|etcd|coredns|s3s-fs|pause|testapp|supervisor|runc)/')
+  [ -n "$z" ] && { echo "# zombies left: $z"; bad=1; }
+  local p; p=$(ps -eo pid=,args= | grep -E '/stasis/platform/|testapp serve|/pause$' | grep -v grep)
+  [ -n "$p" ] && { echo "# processes left: $p"; bad=1; }
+  return $bad
+}
+check "down leaves no processes, zombies, mounts, namespaces, cgroups, bridge or state" leftovers
+
+# ------------------------------------------------------------------ bad input
+# a port in use
+python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 9000)); s.listen(); time.sleep(120)' &
+LPID=$!
+sleep 1
+out=$("$CLUSTER" up 2>&1); rc=$?
+kill $LPID 2>/dev/null; wait $LPID 2>/dev/null
+check "up with port 9000 in use fails" test $rc -ne 0
+check "... naming the port and the fix" bash -c "grep -q 'port 9000 is already in use' <<<\"\$1\" && grep -q 'STASIS_CLUSTER_S3_PORT' <<<\"\$1\"" _ "$out"
+echo "# message: $(grep error <<<"$out")"
+"$CLUSTER" down >/dev/null 2>&1
+
+# a missing tool: a PATH that has everything but runc
+FAKE=$(mktemp -d)
+for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
+  for f in "$d"/*; do [ -e "$FAKE/$(basename "$f")" ] || ln -s "$f" "$FAKE/" 2>/dev/null; done
+done
+rm -f "$FAKE/runc"
+out=$(STASIS_CLUSTER_NO_INSTALL=1 PATH=$FAKE "$CLUSTER" up 2>&1); rc=$?
+rm -rf "$FAKE"
+check "up without runc fails" test $rc -ne 0
+check "... naming the tool and the fix" bash -c "grep -q 'runc' <<<\"\$1\" && grep -q 'apt-get install -y runc' <<<\"\$1\"" _ "$out"
+echo "# message: $(grep error <<<"$out")"
+
+# a stale state dir from a killed run: kill `up` half way, then `up` must recover by itself
+timeout -s KILL 20 "$CLUSTER" up >/dev/null 2>&1
+t=$(date +%s.%N)
+out=$("$CLUSTER" up 2>&1); rc=$?
+echo "$out" | sed 's/^/# /'
+check "up after a killed up recovers by itself" test $rc -eq 0
+check "... said it cleaned the stale state" grep -q 'found state from an earlier run' <<<"$out"
+check "... and both nodes are Ready" bash -c 'node_ready() { [ "$(kubectl get node "$1" -o jsonpath="{.status.conditions[?(@.type==\"Ready\")].status}")" = True ]; }; node_ready worker-1 && node_ready worker-2'
+echo "# up after killed run: $(secs "$t") s"
+t=$(date +%s.%N)
+check "up again is idempotent" "$CLUSTER" up
+echo "# idempotent up: $(secs "$t") s"
+
+if [ -z "${STASIS_E2E_KEEP_CLUSTER:-}" ]; then
+  check "final down" "$CLUSTER" down
+fi
+finish
