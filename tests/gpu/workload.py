@@ -55,14 +55,14 @@ def cuda_init():
 def fill(gib, seed):
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
-    left = int(gib * GIB)
+    left = max(1, int(gib * GIB) // 4)  # int32 elements
     tensors = []
     while left > 0:
-        n = min(GIB, left) // 4
+        n = min(GIB // 4, left)
         t = torch.empty(n, dtype=torch.int32, device="cuda")
         t.random_(generator=g)
         tensors.append(t)
-        left -= n * 4
+        left -= n
     torch.cuda.synchronize()
     return tensors, g
 
