@@ -1,1 +1,5 @@
-fn main() {}
+//! `stasis`: checkpoint and restore containers and process trees.
+
+fn main() -> std::process::ExitCode {
+    stasis_cli::main()
+}

@@ -70,6 +70,8 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     }
     // CRIU must be usable before anything is frozen.
     tools::criu_checked()?;
+    let _lock =
+        WorkloadLock::acquire(&format!("container-{}-{}", req.runc.root.display(), req.id))?;
     let processes = proctree::tree(state.pid);
     let started = rootfs::parse_rfc3339_utc(&state.created).unwrap_or(0);
     let image_digest = state.annotations.as_ref().and_then(|a| {
@@ -273,6 +275,7 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         return Err(EngineError::ProcessNotFound { pid: req.pid });
     }
     let (criu_path, _) = tools::criu_checked()?;
+    let _lock = WorkloadLock::acquire(&format!("process-{}", req.pid))?;
     let processes = proctree::tree(req.pid);
     let dir = req.image.criu();
     mkdir(&dir)?;
@@ -358,4 +361,51 @@ fn session_id(pid: i32) -> Option<i32> {
     let close = stat.rfind(')')?;
     // fields after comm: state ppid pgrp session
     stat.get(close + 2..)?.split(' ').nth(3)?.parse().ok()
+}
+
+/// One checkpoint per container or process at a time. Two overlapping container checkpoints
+/// would each pause and resume the container, and the second CRIU dump would put the freezer
+/// back to the state it found (frozen) after the first had resumed: the container would stay
+/// frozen. The second checkpoint is refused instead; the lock is an `flock`, so it dies with its
+/// holder.
+struct WorkloadLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Where the per-workload lock files live.
+pub const LOCK_DIR: &str = "/run/stasis/locks";
+
+impl WorkloadLock {
+    fn acquire(what: &str) -> Result<Self, EngineError> {
+        use nix::fcntl::{Flock, FlockArg};
+        let dir = Path::new(LOCK_DIR);
+        mkdir(dir)?;
+        let name: String = what
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = dir.join(format!("{name}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(EngineError::io(&path))?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Self { _lock: lock }),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(EngineError::Busy {
+                what: what.to_owned(),
+            }),
+            Err((_, e)) => Err(EngineError::Io {
+                path,
+                source: e.into(),
+            }),
+        }
+    }
 }

@@ -49,6 +49,9 @@ pub enum EngineError {
     #[error("restore refused, this node does not satisfy the checkpoint: {}", join(.0))]
     Incompatible(Vec<Mismatch>),
 
+    #[error("another checkpoint of {what} is in progress; try again when it has finished")]
+    Busy { what: String },
+
     #[error("filesystem capture failed: {0}")]
     Rootfs(String),
 }

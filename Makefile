@@ -1,0 +1,42 @@
+# stasis — the two commands of the quick start are `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+
+.PHONY: help setup build images demo test lint unit integration e2e bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+setup: ## install CRIU >= 4.2, runc, iptables, tini... (idempotent)
+	@scripts/setup
+
+build: ## release build of the stasis binaries
+	$(CARGO) build --release --locked -p stasis-cli
+
+images: ## the stasis-counter rootfs and OCI image
+	@scripts/build-counter-image >/dev/null
+
+demo: setup build images ## checkpoint → SIGKILL → restore of a stateful container
+	@tini -s -- scripts/demo
+
+lint: ## formatting and clippy, as CI runs them
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+
+unit: ## unit tests (no privileges needed)
+	$(CARGO) test --locked --workspace --lib --bins
+
+integration: setup images ## integration tests with real CRIU and runc (root)
+	CI=$${CI:-} tini -s -- $(CARGO) test --locked --workspace --test '*' -- --test-threads=1
+
+test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc)
+	$(CARGO) build --locked --workspace --all-targets
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory integration
+
+bench: setup build images ## benchmarks (see docs/benchmarks.md)
+	@tini -s -- bench/checkpoint.sh
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,244 @@
+//! Command-line arguments. Doc comments are the help text.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// stasis: checkpoint a running container or process tree into an encrypted, deduplicated store,
+/// and restore it later, here or on another machine that reads the same store.
+#[derive(Debug, Parser)]
+#[command(
+    name = "stasis",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Output format: human-readable text, or one JSON document on stdout for scripts.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Human, env = "STASIS_OUTPUT")]
+    pub output: Output,
+    /// More log output on stderr (-v info, -vv debug). `STASIS_LOG` takes a full filter.
+    #[arg(long, short, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Structured (JSON) logs on stderr.
+    #[arg(long, global = true)]
+    pub log_json: bool,
+    /// No progress bars.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Checkpoint a running container or process tree into a store.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCmd),
+    /// Restore a checkpoint: into a new runc container, or as a process tree.
+    Restore(RestoreArgs),
+    /// List the checkpoints in a store.
+    List(ListArgs),
+    /// Show a checkpoint's manifest: sizes, chunk reuse, fingerprint, process tree.
+    Inspect(InspectArgs),
+    /// Delete old checkpoints (keeping the newest N per workload) and unreferenced chunks.
+    Gc(GcArgs),
+    /// Manage encryption keys.
+    #[command(subcommand)]
+    Key(KeyCmd),
+    /// Check whether this machine can checkpoint and restore, and say how to fix what is missing.
+    Doctor(DoctorArgs),
+}
+
+/// Where checkpoints are kept and how they are encrypted.
+#[derive(Debug, Args, Clone)]
+pub struct StoreArgs {
+    /// Store URL: file:///path (or a plain absolute path), or s3://bucket/prefix.
+    #[arg(long, env = "STASIS_STORE")]
+    pub store: String,
+    /// Key file. Default: $STASIS_KEY_FILE, else the default key (created on first use).
+    #[arg(long, env = "STASIS_KEY_FILE")]
+    pub key: Option<PathBuf>,
+}
+
+/// Options shared by both kinds of checkpoint.
+#[derive(Debug, Args, Clone)]
+pub struct CheckpointCommon {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Workload name the checkpoint is filed under (default: from the container id or the
+    /// process's command name).
+    #[arg(long)]
+    pub workload: Option<String>,
+    /// Stop the workload after the checkpoint (default: leave it running).
+    #[arg(long)]
+    pub stop: bool,
+    /// Close established TCP connections instead of checkpointing them.
+    #[arg(long)]
+    pub no_tcp_established: bool,
+    /// Engine/model versions the workload declares (KEY=VALUE, repeatable); a restore must
+    /// declare the same.
+    #[arg(long = "declare", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub declare: Vec<(String, String)>,
+    /// Label stored with the checkpoint (KEY=VALUE, repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub labels: Vec<(String, String)>,
+    /// Scratch directory for the CRIU images before they are stored.
+    #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
+    pub work_dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CheckpointCmd {
+    /// Checkpoint a runc container by id (through `runc checkpoint`).
+    Container {
+        /// Container id.
+        id: String,
+        /// runc state root.
+        #[arg(long, env = "STASIS_RUNC_ROOT", default_value = "/run/runc")]
+        runc_root: PathBuf,
+        #[command(flatten)]
+        common: CheckpointCommon,
+    },
+    /// Checkpoint a process tree by its root pid (through CRIU's RPC).
+    Process {
+        /// Root pid of the tree.
+        pid: i32,
+        #[command(flatten)]
+        common: CheckpointCommon,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// Checkpoint reference: <workload>/<id> or <workload>/latest.
+    pub reference: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Restore a process tree (CRIU RPC) instead of a container.
+    #[arg(long, conflicts_with_all = ["bundle", "container_id"])]
+    pub process: bool,
+    /// A fresh bundle made from the same rootfs image (required for containers).
+    #[arg(long, required_unless_present = "process")]
+    pub bundle: Option<PathBuf>,
+    /// Id of the new container (required for containers).
+    #[arg(long, required_unless_present = "process")]
+    pub container_id: Option<String>,
+    /// runc state root.
+    #[arg(long, env = "STASIS_RUNC_ROOT", default_value = "/run/runc")]
+    pub runc_root: PathBuf,
+    /// File the restored container's stdout and stderr are appended to
+    /// (default: <bundle>/container.log).
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+    /// Close established TCP connections instead of restoring them.
+    #[arg(long)]
+    pub no_tcp_established: bool,
+    /// Engine/model versions this restore target declares (KEY=VALUE, repeatable).
+    #[arg(long = "declare", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub declare: Vec<(String, String)>,
+    /// Digest of the image the bundle was made from, when its config.json has no
+    /// `dev.stasis.image.digest` annotation.
+    #[arg(long)]
+    pub image_digest: Option<String>,
+    /// Scratch directory the checkpoint is fetched into.
+    #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
+    pub work_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Store URL.
+    #[arg(long, env = "STASIS_STORE")]
+    pub store: String,
+    /// Only this workload.
+    #[arg(long)]
+    pub workload: Option<String>,
+    /// Key file, to show sizes (default: $STASIS_KEY_FILE, else the default key if it exists).
+    #[arg(long, env = "STASIS_KEY_FILE")]
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Checkpoint reference: <workload>/<id> or <workload>/latest.
+    pub reference: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Checkpoints to keep per workload (the newest).
+    #[arg(long)]
+    pub keep_last: usize,
+    /// Never delete chunks younger than this many seconds (protects checkpoints being written).
+    #[arg(long, default_value_t = 900)]
+    pub grace_secs: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCmd {
+    /// Write a new random key to FILE (mode 0600; refuses to overwrite).
+    Generate {
+        /// Where to write the key.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Also check that this store is reachable.
+    #[arg(long, env = "STASIS_STORE")]
+    pub store: Option<String>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?} has an empty key"));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn contract_shapes_parse() {
+        let p = |s: &str| Cli::try_parse_from(s.split_whitespace());
+        p("stasis checkpoint container c1 --store file:///s --runc-root /r --workload w --key /k --stop").unwrap();
+        p("stasis checkpoint process 42 --store file:///s --workload w").unwrap();
+        p("stasis restore w/latest --store file:///s --bundle /b --container-id c2 --runc-root /r --key /k").unwrap();
+        p("stasis restore w/latest --store file:///s --process").unwrap();
+        p("stasis list --store file:///s -o json").unwrap();
+        p("stasis inspect w/latest --store file:///s").unwrap();
+        p("stasis gc --store file:///s --keep-last 2").unwrap();
+        p("stasis key generate /tmp/k").unwrap();
+        p("stasis doctor --output json").unwrap();
+        assert!(p("stasis restore w/latest --store file:///s").is_err());
+    }
+}

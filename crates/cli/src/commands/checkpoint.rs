@@ -1,0 +1,133 @@
+//! `stasis checkpoint container|process`.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::Serialize;
+use stasis_core::{CheckpointId, Manifest, Requirements, WorkloadName, SCHEMA_VERSION};
+use stasis_engine::checkpoint::{self, Captured, ContainerCheckpoint, ProcessCheckpoint};
+use stasis_engine::image::ImageDir;
+use stasis_engine::node;
+use stasis_engine::runc::Runc;
+
+use super::{now_millis, open_store, runtime, ScratchDir};
+use crate::args::{CheckpointCmd, CheckpointCommon};
+use crate::output::{self, bytes};
+use crate::progress::Bars;
+
+#[derive(Debug, Serialize)]
+struct Report {
+    reference: String,
+    workload: String,
+    id: String,
+    leave_running: bool,
+    timings: stasis_core::Timings,
+    stats: stasis_core::StoreStats,
+}
+
+pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let (common, default_workload) = match &cmd {
+        CheckpointCmd::Container { id, common, .. } => (common, WorkloadName::sanitize(id)),
+        CheckpointCmd::Process { pid, common } => {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            (common, WorkloadName::sanitize(comm.trim()))
+        }
+    };
+    let workload = match &common.workload {
+        Some(w) => WorkloadName::new(w.clone())?,
+        None => default_workload,
+    };
+    // Key and store first: a bad key or an unreachable store must fail before the workload is
+    // touched.
+    let (key, store) = open_store(&common.store)?;
+    let scratch = ScratchDir::new(&common.work_dir, "checkpoint")?;
+    let image = ImageDir::new(&scratch.path);
+    let leave_running = !common.stop;
+    let tcp = !common.no_tcp_established;
+
+    let spinner = bars.spinner("freezing and dumping");
+    let captured = match &cmd {
+        CheckpointCmd::Container { id, runc_root, .. } => {
+            let runc = Runc::new(Some(runc_root))?;
+            checkpoint::checkpoint_container(&ContainerCheckpoint {
+                runc: &runc,
+                id,
+                image: &image,
+                leave_running,
+                tcp_established: tcp,
+            })?
+        }
+        CheckpointCmd::Process { pid, .. } => checkpoint::checkpoint_process(&ProcessCheckpoint {
+            pid: *pid,
+            image: &image,
+            leave_running,
+            tcp_established: tcp,
+        })?,
+    };
+    spinner.finish_and_clear();
+
+    let draft = draft_manifest(workload, common, captured);
+    let rt = runtime()?;
+    let t = Instant::now();
+    let mut manifest = rt
+        .block_on(store.put_checkpoint(&key, draft, &scratch.path, bars))
+        .context("storing the checkpoint failed; the previous checkpoint is unchanged")?;
+    manifest.timings.store_ms = t.elapsed().as_millis() as u64;
+    manifest.timings.total_ms = started.elapsed().as_millis() as u64;
+
+    let report = Report {
+        reference: manifest.reference().to_string(),
+        workload: manifest.workload.to_string(),
+        id: manifest.id.to_string(),
+        leave_running,
+        timings: manifest.timings,
+        stats: manifest.stats,
+    };
+    output::emit(&report, || {
+        if output::json_mode() {
+            return String::new();
+        }
+        let s = &report.stats;
+        eprintln!(
+            "checkpointed {} in {} ms (frozen {} ms): {} in {} chunks, {} new ({} written)",
+            report.reference,
+            report.timings.total_ms,
+            report.timings.frozen_ms,
+            bytes(s.logical_bytes),
+            s.chunks,
+            bytes(s.new_bytes),
+            bytes(s.written_bytes),
+        );
+        report.reference.clone()
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+fn draft_manifest(workload: WorkloadName, common: &CheckpointCommon, c: Captured) -> Manifest {
+    let id = CheckpointId::from_parts(now_millis(), rand::random());
+    let declared: BTreeMap<String, String> = common.declare.iter().cloned().collect();
+    Manifest {
+        schema_version: SCHEMA_VERSION,
+        workload,
+        created_at: id.created_rfc3339(),
+        id,
+        key_id: String::new(),
+        source: c.source,
+        leave_running: c.leave_running,
+        requirements: Requirements {
+            node: node::fingerprint(),
+            needs_runc: c.needs_runc,
+            image_digest: c.image_digest,
+            declared,
+        },
+        processes: c.processes,
+        rootfs: c.rootfs,
+        timings: c.timings,
+        stats: Default::default(),
+        files: Vec::new(),
+        labels: common.labels.iter().cloned().collect(),
+    }
+}

@@ -1,0 +1,79 @@
+//! `stasis list`.
+
+use std::process::ExitCode;
+
+use serde::Serialize;
+use stasis_core::WorkloadName;
+use stasis_store::{Key, Store};
+
+use super::runtime;
+use crate::args::ListArgs;
+use crate::output::{self, bytes};
+
+#[derive(Debug, Serialize)]
+struct Entry {
+    reference: String,
+    workload: String,
+    id: String,
+    created_at: String,
+    /// Checkpoint size, when the manifest could be read with the key.
+    logical_bytes: Option<u64>,
+    /// `container <id>` or `process <pid>`, when the manifest could be read with the key.
+    source: Option<String>,
+}
+
+pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::open(&args.store)?;
+    let workload = args.workload.map(WorkloadName::new).transpose()?;
+    // Sizes need the manifests, which need the key; without it the names are still listed.
+    let key = match &args.key {
+        Some(p) => Key::load(p).ok(),
+        None => Key::default_path()
+            .ok()
+            .filter(|p| p.exists())
+            .and_then(|p| Key::load(&p).ok()),
+    };
+    let rt = runtime()?;
+    let list = rt.block_on(store.list(workload.as_ref()))?;
+    let mut entries = Vec::with_capacity(list.len());
+    for c in list {
+        let reference = c.reference();
+        let manifest = match &key {
+            Some(k) => rt.block_on(store.read_manifest(k, &reference)).ok(),
+            None => None,
+        };
+        entries.push(Entry {
+            reference: reference.to_string(),
+            workload: c.workload.to_string(),
+            id: c.id.to_string(),
+            created_at: c.id.created_rfc3339(),
+            logical_bytes: manifest.as_ref().map(|m| m.logical_bytes()),
+            source: manifest.as_ref().map(|m| match &m.source {
+                stasis_core::Source::Container { container_id } => {
+                    format!("container {container_id}")
+                }
+                stasis_core::Source::Process { pid } => format!("process {pid}"),
+            }),
+        });
+    }
+    output::emit(&entries, || {
+        if entries.is_empty() {
+            return "no checkpoints".into();
+        }
+        let mut s = format!(
+            "{:<50} {:>10}  {:<24}  {}\n",
+            "CHECKPOINT", "SIZE", "CREATED", "SOURCE"
+        );
+        for e in &entries {
+            s.push_str(&format!(
+                "{:<50} {:>10}  {:<24}  {}\n",
+                e.reference,
+                e.logical_bytes.map_or("-".into(), bytes),
+                e.created_at,
+                e.source.as_deref().unwrap_or("-")
+            ));
+        }
+        s.trim_end().to_owned()
+    });
+    Ok(ExitCode::SUCCESS)
+}

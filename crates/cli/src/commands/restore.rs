@@ -1,0 +1,127 @@
+//! `stasis restore`.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+use stasis_core::fingerprint::RestoreTarget;
+use stasis_core::manifest::Source;
+use stasis_core::CheckpointRef;
+use stasis_engine::image::ImageDir;
+use stasis_engine::restore::{self, ContainerRestore};
+use stasis_engine::runc::Runc;
+use stasis_engine::{node, EngineError};
+
+use super::{open_store, runtime, ScratchDir};
+use crate::args::RestoreArgs;
+use crate::output::{self, bytes};
+use crate::progress::Bars;
+
+#[derive(Debug, Serialize)]
+struct Report {
+    reference: String,
+    restored_as: String,
+    pid: i32,
+    fetch_ms: u64,
+    restore_ms: u64,
+    total_ms: u64,
+    bytes: u64,
+}
+
+pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let reference: CheckpointRef = args.reference.parse()?;
+    let (key, store) = open_store(&args.store)?;
+    let rt = runtime()?;
+    let manifest = rt.block_on(store.read_manifest(&key, &reference))?;
+    let exact = manifest.reference();
+
+    match (&manifest.source, args.process) {
+        (Source::Container { .. }, true) => {
+            bail!("{exact} is a container checkpoint: restore it with --bundle and --container-id, not --process")
+        }
+        (Source::Process { .. }, false) => {
+            bail!("{exact} is a process checkpoint: restore it with --process")
+        }
+        _ => {}
+    }
+
+    // Refuse before fetching anything or touching runc: nothing is left behind.
+    let image_digest = match (&args.image_digest, &args.bundle) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(b)) => restore::bundle_image_digest(b)?,
+        (None, None) => None,
+    };
+    let target = RestoreTarget {
+        node: node::fingerprint(),
+        image_digest: if args.process {
+            manifest.requirements.image_digest.clone()
+        } else {
+            image_digest
+        },
+        declared: args.declare.iter().cloned().collect(),
+    };
+    let mismatches = manifest.requirements.check(&target);
+    if !mismatches.is_empty() {
+        return Err(EngineError::Incompatible(mismatches).into());
+    }
+
+    let scratch = ScratchDir::new(&args.work_dir, "restore")?;
+    let t = Instant::now();
+    rt.block_on(store.get_checkpoint(&key, &exact, &scratch.path, bars))
+        .with_context(|| format!("fetching {exact} failed"))?;
+    let fetch_ms = t.elapsed().as_millis() as u64;
+    let image = ImageDir::new(&scratch.path);
+
+    let t = Instant::now();
+    let spinner = bars.spinner("restoring");
+    let tcp = !args.no_tcp_established;
+    let (restored_as, pid) = if args.process {
+        let pid = restore::restore_process(&image)?;
+        (format!("pid {pid}"), pid)
+    } else {
+        let (Some(bundle), Some(new_id)) = (&args.bundle, &args.container_id) else {
+            bail!("--bundle and --container-id are required to restore a container");
+        };
+        let runc = Runc::new(Some(&args.runc_root))?;
+        let log = args
+            .log
+            .clone()
+            .unwrap_or_else(|| bundle.join("container.log"));
+        let pid = restore::restore_container(&ContainerRestore {
+            runc: &runc,
+            new_id,
+            bundle,
+            image: &image,
+            rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
+            tcp_established: tcp,
+            stdio_log: Some(&log),
+        })?;
+        (format!("container {new_id}"), pid)
+    };
+    spinner.finish_and_clear();
+    let restore_ms = t.elapsed().as_millis() as u64;
+
+    let report = Report {
+        reference: exact.to_string(),
+        restored_as,
+        pid,
+        fetch_ms,
+        restore_ms,
+        total_ms: started.elapsed().as_millis() as u64,
+        bytes: manifest.logical_bytes(),
+    };
+    output::emit(&report, || {
+        format!(
+            "restored {} as {} (pid {}): fetched {} in {} ms, restored in {} ms",
+            report.reference,
+            report.restored_as,
+            report.pid,
+            bytes(report.bytes),
+            report.fetch_ms,
+            report.restore_ms
+        )
+    });
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,334 @@
+//! Shared harness of the CLI's integration tests: real runc containers of the `stasis-counter`
+//! image, a real CRIU, a `file://` store in a temporary directory, and the `stasis` binary.
+//!
+//! Needs root, CRIU >= 4.2, runc and the counter image (`make test` provides all of them via
+//! `scripts/setup` and `scripts/build-counter-image`). Without them a test prints why it did not
+//! run; in CI (`CI` set) that is a failure instead.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const STASIS: &str = env!("CARGO_BIN_EXE_stasis");
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Whether the real tools are here; prints the reason (and fails in CI) when not.
+pub fn ready(test: &str) -> bool {
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let rootfs = repo().join("target/images/counter/rootfs/stasis-counter");
+    let why = if !is_root {
+        Some("not running as root".to_owned())
+    } else if let Err(e) = stasis_engine::tools::criu_checked() {
+        Some(e.to_string())
+    } else if stasis_engine::tools::which("runc").is_none() {
+        Some("runc is not installed (scripts/setup)".to_owned())
+    } else if !rootfs.exists() {
+        Some(format!(
+            "{} is missing (scripts/build-counter-image)",
+            rootfs.display()
+        ))
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(w) if std::env::var_os("CI").is_some() => panic!("{test} cannot run in CI: {w}"),
+        Some(w) => {
+            eprintln!("SKIPPED {test}: needs root, CRIU >= 4.2, runc and the counter image: {w}");
+            false
+        }
+    }
+}
+
+/// One test's world: a temp dir with a runc root, a store, a key and a work dir.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub runc_root: PathBuf,
+    pub store: String,
+    pub key: PathBuf,
+    containers: Vec<String>,
+}
+
+impl World {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("stasis-it-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let runc_root = dir.path().join("runc");
+        let store = format!("file://{}", dir.path().join("store").display());
+        let key = dir.path().join("key");
+        let w = Self {
+            dir,
+            runc_root,
+            store,
+            key,
+            containers: Vec::new(),
+        };
+        w.stasis(&["key", "generate", w.key.to_str().unwrap()]).ok();
+        w
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    /// Runs `stasis` with this world's store, key, runc root and work dir.
+    pub fn stasis(&self, args: &[&str]) -> Run {
+        let out = Command::new(STASIS)
+            .args(args)
+            .env("STASIS_STORE", &self.store)
+            .env("STASIS_KEY_FILE", &self.key)
+            .env("STASIS_RUNC_ROOT", &self.runc_root)
+            .env("STASIS_WORK_DIR", self.dir.path().join("work"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        Run(out)
+    }
+
+    pub fn bundle(&self, name: &str, env: &[&str]) -> PathBuf {
+        let b = self.path(name);
+        let st = Command::new(repo().join("scripts/make-bundle"))
+            .arg(&b)
+            .args(env)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "make-bundle failed");
+        b
+    }
+
+    /// Starts a counter container; its stdout is read by a thread into `<id>.log`.
+    pub fn start(&mut self, id: &str, env: &[&str]) -> Container {
+        let bundle = self.bundle(&format!("bundle-{id}"), env);
+        let log = self.path(&format!("{id}.log"));
+        let mut child = Command::new("runc")
+            .arg("--root")
+            .arg(&self.runc_root)
+            .args(["run", "--detach", "--bundle"])
+            .arg(&bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdout.take().unwrap();
+        let logf = log.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::create(&logf).unwrap();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let _ = f.write_all(&buf[..n]);
+            }
+        });
+        assert!(child.wait().unwrap().success(), "runc run failed");
+        self.containers.push(id.to_owned());
+        let c = Container {
+            id: id.to_owned(),
+            log,
+            bundle,
+        };
+        c.wait_count(self, 3);
+        c
+    }
+
+    /// Restores `reference` into a new container from a fresh bundle.
+    pub fn restore(
+        &mut self,
+        reference: &str,
+        id: &str,
+        env: &[&str],
+        extra: &[&str],
+    ) -> (Run, Container) {
+        let bundle = self.bundle(&format!("bundle-{id}"), env);
+        let log = self.path(&format!("{id}.log"));
+        let mut args = vec![
+            "restore",
+            reference,
+            "--bundle",
+            bundle.to_str().unwrap(),
+            "--container-id",
+            id,
+            "--log",
+            log.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let run = self.stasis(&args);
+        self.containers.push(id.to_owned());
+        (
+            run,
+            Container {
+                id: id.to_owned(),
+                log,
+                bundle,
+            },
+        )
+    }
+
+    pub fn runc(&self, args: &[&str]) -> Output {
+        Command::new("runc")
+            .arg("--root")
+            .arg(&self.runc_root)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    pub fn status(&self, id: &str) -> Option<String> {
+        let out = self.runc(&["state", id]);
+        if !out.status.success() {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        v["status"].as_str().map(str::to_owned)
+    }
+
+    pub fn pid(&self, id: &str) -> i32 {
+        let out = self.runc(&["state", id]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["pid"].as_i64().unwrap() as i32
+    }
+
+    pub fn kill(&self, id: &str) {
+        self.runc(&["kill", id, "KILL"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.status(id).as_deref() == Some("running") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.runc(&["delete", "--force", id]);
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for id in &self.containers {
+            let _ = Command::new("runc")
+                .arg("--root")
+                .arg(&self.runc_root)
+                .args(["delete", "--force", id])
+                .output();
+        }
+    }
+}
+
+pub struct Container {
+    pub id: String,
+    pub log: PathBuf,
+    pub bundle: PathBuf,
+}
+
+impl Container {
+    pub fn lines(&self) -> Vec<String> {
+        std::fs::File::open(&self.log)
+            .map(|f| BufReader::new(f).lines().map_while(Result::ok).collect())
+            .unwrap_or_default()
+    }
+
+    /// Counts printed so far, in order.
+    pub fn counts(&self) -> Vec<u64> {
+        self.lines().iter().filter_map(|l| parse_count(l)).collect()
+    }
+
+    pub fn last_count(&self) -> u64 {
+        self.counts().last().copied().unwrap_or(0)
+    }
+
+    pub fn corrupt(&self) -> bool {
+        self.lines().iter().any(|l| l.contains("state=CORRUPT"))
+    }
+
+    /// Waits until the counter has printed at least `n` more lines than now.
+    pub fn wait_count(&self, _w: &World, n: usize) {
+        let start = self.counts().len();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.counts().len() < start + n {
+            assert!(
+                Instant::now() < deadline,
+                "{} printed no new counts; log: {:?}",
+                self.id,
+                self.lines()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+pub fn parse_count(line: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("count="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// A finished `stasis` run.
+pub struct Run(pub Output);
+
+impl Run {
+    pub fn ok(&self) -> bool {
+        self.0.status.success()
+    }
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).trim().to_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.0.stderr).into_owned()
+    }
+    /// Asserts success and returns stdout.
+    pub fn expect_ok(&self, what: &str) -> String {
+        assert!(
+            self.ok(),
+            "{what} failed: {}\n{}",
+            self.stderr(),
+            self.stdout()
+        );
+        self.stdout()
+    }
+    /// Asserts failure and returns stderr.
+    pub fn expect_err(&self, what: &str) -> String {
+        assert!(
+            !self.ok(),
+            "{what} unexpectedly succeeded: {}",
+            self.stdout()
+        );
+        self.stderr()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.0.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout()))
+    }
+}
+
+/// Reads one line from a TCP port on loopback.
+pub fn ask_port(port: u16) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    let mut line = String::new();
+    BufReader::new(&mut s).read_line(&mut line).ok()?;
+    Some(line.trim().to_owned())
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
