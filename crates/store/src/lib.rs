@@ -1,1 +1,81 @@
-//! stasis-store
+//! stasis-store: checkpoint archives in an object store (DESIGN §6).
+//!
+//! A checkpoint is a directory of files (CRIU images, the rootfs diff, small JSON files). The
+//! store cuts every file into content-defined chunks (FastCDC, min 256 KiB / avg 1 MiB / max
+//! 4 MiB), addresses each chunk by keyed BLAKE3 of its plaintext, compresses it (zstd level 1,
+//! unless it does not shrink), encrypts it (AES-256-GCM, random nonce, chunk id as associated
+//! data), uploads the chunks the store does not have yet, and publishes a MAC-authenticated
+//! manifest last, atomically. A manifest that can be read therefore describes a complete
+//! checkpoint; a checkpoint whose manifest is missing does not exist. See [`chunk`] for the chunk
+//! format, [`key`] for keys and the key file, [`envelope`] for the manifest envelope.
+//!
+//! ## Layout
+//!
+//! ```text
+//! <root>/chunks/<key_id>/<first 2 hex of id>/<chunk id>     encrypted chunk objects
+//! <root>/manifests/<workload>/<checkpoint id>.json           manifest envelopes (published last)
+//! <root>/leases/<workload>/<checkpoint id>.json              writer lease (while a put runs)
+//! <root>/leases/<workload>/<checkpoint id>.read-<8 hex>.json reader lease (while a get runs)
+//! <root>/locks/gc.json                                       garbage collection lock
+//! ```
+//!
+//! Chunk objects live under the key id, so a chunk stored under another key is never taken as
+//! present, and chunk ids (keyed hashes) reveal nothing about equal content across keys.
+//!
+//! ## Deduplication
+//!
+//! A put treats the chunks listed in its workload's latest manifest (verified, same key) as
+//! present without asking the backend; for other chunks it asks (`HEAD`) and uploads only those
+//! missing. So consecutive checkpoints of one workload share unchanged chunks, and the second
+//! checkpoint of a mostly unchanged image writes only its changed regions.
+//!
+//! ## Garbage collection and the lease protocol
+//!
+//! GC is mark-and-sweep: keep the newest `keep_last` manifests of every workload, delete the
+//! others, then delete chunks that no kept manifest references. It must never delete a chunk a
+//! checkpoint in progress relies on (that checkpoint has no manifest yet), so:
+//!
+//! 1. A **writer** puts its lease `leases/<workload>/<id>.json` (start time, renewal time, TTL)
+//!    *before* it looks at any existing chunk, renews it every TTL/3 while it uploads, and deletes
+//!    it after the manifest is published (or the put failed).
+//! 2. The writer then reads `locks/gc.json`. While a live GC lock exists it waits (polling, up to
+//!    `gc_wait`); if the lock is still there after that, it relies on no existing chunk: it skips
+//!    the latest-manifest and `HEAD` shortcuts and uploads every chunk itself (fresh objects,
+//!    spared by the grace period below).
+//! 3. **GC** creates `locks/gc.json` (create-if-absent; a live lock held by another GC makes it
+//!    fail with [`StoreError::GcBusy`], an expired one is replaced), *then* lists the leases.
+//!    If any live lease exists it still applies retention to manifests but skips the chunk
+//!    sweep, and says so in [`GcReport::sweep_skipped`]. Expired leases (writers that died) are
+//!    removed.
+//! 4. GC also spares unreferenced chunks younger than `grace` (by the backend's last-modified
+//!    time): choose `grace` longer than a GC run.
+//!
+//! Either the writer's lease is listed by GC (GC put its lock before listing, the writer put its
+//! lease before reading the lock: with read-after-write consistent backends, as `file://` and S3
+//! are, one of them sees the other), so no chunk is swept, or the writer sees the lock and waits
+//! for GC to finish before relying on anything. Readers (`get_checkpoint`) hold a lease too, so a
+//! restore in progress never loses chunks.
+//!
+//! ## Pipeline
+//!
+//! Put: one chunker thread reads each file with 16 MiB reads and cuts chunks; hashing,
+//! compression and encryption run on tokio's blocking pool (at most `cpu_workers` at once), and
+//! up to `concurrency` chunks are in flight (uploading included), so memory stays bounded
+//! (about `(concurrency + 4) × 2 × 4 MiB + 16 MiB` at worst) whatever the image size. Get:
+//! `concurrency` chunk downloads in flight, each decrypted, decompressed, verified and written
+//! with a positioned write into the pre-sized file.
+//!
+//! The library never starts a tokio runtime: call it from one (multi-threaded for
+//! `spawn_blocking` to overlap with I/O; a current-thread runtime works too).
+
+pub mod chunk;
+pub mod envelope;
+pub mod error;
+pub mod key;
+pub mod progress;
+mod store;
+
+pub use error::{Result, StoreError};
+pub use key::Key;
+pub use progress::{NoProgress, Progress};
+pub use store::{CheckpointSummary, GcReport, Store, StoreOptions};

@@ -1,0 +1,368 @@
+//! Chunking (FastCDC) and the chunk object format.
+//!
+//! ## Chunk boundaries
+//!
+//! FastCDC 2020 (the `fastcdc` crate's `v2020` cut function and gear table, normalisation
+//! level 1) with min 256 KiB / average 1 MiB / max 4 MiB. Files up to 256 KiB are one chunk; an
+//! empty file has none. The streaming driver here reads 16 MiB blocks and finds the same cut points
+//! as `fastcdc::v2020::StreamCDC`, without its per-chunk buffer shuffling.
+//!
+//! ## Chunk object
+//!
+//! ```text
+//! offset  size  field
+//! 0       1     magic 'S'
+//! 1       1     format version (1)
+//! 2       1     compression: 0 = none, 1 = zstd
+//! 3       12    AES-GCM nonce (random)
+//! 15      n     AES-256-GCM ciphertext of the (possibly compressed) chunk
+//! 15+n    16    GCM tag
+//! ```
+//!
+//! The associated data is the first three bytes followed by the 32 bytes of the chunk id, so a
+//! chunk cannot be moved to another id nor its compression flag flipped. Compression is zstd level
+//! 1; a chunk is stored uncompressed when a sample of it does not compress or when the whole does
+//! not shrink by at least 1/32.
+//!
+//! On read: tag check (decrypt), decompress, keyed BLAKE3 of the plaintext compared with the id.
+
+use std::cell::RefCell;
+use std::io::Read;
+
+use bytes::{Buf, BytesMut};
+use ring::aead;
+
+use crate::key::Key;
+
+pub const MIN_CHUNK: usize = 256 << 10;
+pub const AVG_CHUNK: usize = 1 << 20;
+pub const MAX_CHUNK: usize = 4 << 20;
+
+/// Bytes before the ciphertext.
+pub(crate) const HEADER_LEN: usize = 15;
+pub(crate) const TAG_LEN: usize = 16;
+const MAGIC: u8 = b'S';
+const VERSION: u8 = 1;
+const FLAG_RAW: u8 = 0;
+const FLAG_ZSTD: u8 = 1;
+
+const READ_BLOCK: usize = 16 << 20;
+
+/// Level-1 normalised FastCDC masks for a 1 MiB average (as `StreamCDC::new` computes them).
+fn masks() -> (u64, u64, u64, u64) {
+    let bits = fastcdc::v2020::logarithm2(AVG_CHUNK as u32);
+    let mask_s = fastcdc::v2020::MASKS[(bits + 1) as usize];
+    let mask_l = fastcdc::v2020::MASKS[(bits - 1) as usize];
+    (mask_s, mask_l, mask_s << 1, mask_l << 1)
+}
+
+/// Streams a reader into content-defined chunks. Each chunk comes in its own buffer with
+/// [`HEADER_LEN`] bytes of room in front and [`TAG_LEN`] bytes of spare capacity behind, so it can
+/// be encrypted in place and sent as one object body.
+pub(crate) struct Chunker {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    masks: (u64, u64, u64, u64),
+}
+
+impl Chunker {
+    pub(crate) fn new() -> Self {
+        Chunker {
+            buf: vec![0u8; READ_BLOCK],
+            start: 0,
+            end: 0,
+            masks: masks(),
+        }
+    }
+
+    /// Calls `emit(offset, buffer)` for each chunk of `src`, in order. `emit` returns `false` to
+    /// stop early.
+    pub(crate) fn run<R: Read>(
+        &mut self,
+        mut src: R,
+        mut emit: impl FnMut(u64, Vec<u8>) -> bool,
+    ) -> std::io::Result<()> {
+        self.start = 0;
+        self.end = 0;
+        let mut eof = false;
+        let mut offset = 0u64;
+        let (ms, ml, msl, mll) = self.masks;
+        loop {
+            if !eof && self.end - self.start < MAX_CHUNK {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+                while self.end < self.buf.len() {
+                    match src.read(&mut self.buf[self.end..]) {
+                        Ok(0) => {
+                            eof = true;
+                            break;
+                        }
+                        Ok(n) => self.end += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            if self.start == self.end {
+                return Ok(());
+            }
+            let (_, cut) = fastcdc::v2020::cut(
+                &self.buf[self.start..self.end],
+                MIN_CHUNK,
+                AVG_CHUNK,
+                MAX_CHUNK,
+                ms,
+                ml,
+                msl,
+                mll,
+            );
+            let cut = cut.max(1).min(self.end - self.start);
+            let mut out = Vec::with_capacity(HEADER_LEN + cut + TAG_LEN);
+            out.resize(HEADER_LEN, 0);
+            out.extend_from_slice(&self.buf[self.start..self.start + cut]);
+            self.start += cut;
+            let at = offset;
+            offset += cut as u64;
+            if !emit(at, out) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+thread_local! {
+    static CCTX: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+    static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+fn with_cctx<T>(f: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> T) -> Option<T> {
+    CCTX.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = zstd::bulk::Compressor::new(1).ok();
+        }
+        c.as_mut().map(f)
+    })
+}
+
+/// Compresses a few 8 KiB samples; false when they do not shrink (random or encrypted data),
+/// which spares a full compression attempt of incompressible chunks.
+fn looks_compressible(data: &[u8]) -> bool {
+    const SAMPLE: usize = 8 << 10;
+    if data.len() < 4 * SAMPLE {
+        return true;
+    }
+    let step = (data.len() - SAMPLE) / 3;
+    let mut out = vec![0u8; SAMPLE + 512];
+    let mut total = 0usize;
+    for i in 0..4 {
+        let s = &data[i * step..i * step + SAMPLE];
+        match with_cctx(|c| c.compress_to_buffer(s, &mut out[..])) {
+            Some(Ok(n)) => total += n,
+            _ => total += SAMPLE,
+        }
+    }
+    total < 4 * SAMPLE * 31 / 32
+}
+
+fn aad(flag: u8, id: &blake3::Hash) -> [u8; 35] {
+    let mut a = [0u8; 35];
+    a[0] = MAGIC;
+    a[1] = VERSION;
+    a[2] = flag;
+    a[3..].copy_from_slice(id.as_bytes());
+    a
+}
+
+/// Encodes a chunk buffer from [`Chunker`] (header room + plaintext) into its object body.
+/// Returns the object bytes.
+pub(crate) fn encode(key: &Key, id: &blake3::Hash, mut buf: Vec<u8>, compress: bool) -> Vec<u8> {
+    let plain_len = buf.len() - HEADER_LEN;
+    let mut flag = FLAG_RAW;
+    if compress && plain_len > 64 && looks_compressible(&buf[HEADER_LEN..]) {
+        let limit = plain_len - plain_len / 32;
+        let mut out = vec![0u8; HEADER_LEN + limit + TAG_LEN];
+        let r = with_cctx(|c| {
+            c.compress_to_buffer(&buf[HEADER_LEN..], &mut out[HEADER_LEN..HEADER_LEN + limit])
+        });
+        if let Some(Ok(n)) = r {
+            out.truncate(HEADER_LEN + n);
+            buf = out;
+            flag = FLAG_ZSTD;
+        }
+    }
+    let mut nonce = [0u8; 12];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
+    let tag = key
+        .aead()
+        .seal_in_place_separate_tag(
+            aead::Nonce::assume_unique_for_key(nonce),
+            aead::Aad::from(aad(flag, id)),
+            &mut buf[HEADER_LEN..],
+        )
+        .expect("AES-GCM sealing of a chunk under 64 GiB cannot fail");
+    buf[0] = MAGIC;
+    buf[1] = VERSION;
+    buf[2] = flag;
+    buf[3..HEADER_LEN].copy_from_slice(&nonce);
+    buf.extend_from_slice(tag.as_ref());
+    buf
+}
+
+/// Decodes and verifies a chunk object. `Err` carries the reason it is corrupt.
+pub(crate) fn decode(
+    key: &Key,
+    id_hex: &str,
+    expected_len: usize,
+    data: bytes::Bytes,
+) -> Result<BytesMut, String> {
+    let id = blake3::Hash::from_hex(id_hex).map_err(|_| "chunk id is not hex".to_string())?;
+    if data.len() < HEADER_LEN + TAG_LEN {
+        return Err(format!(
+            "object is {} bytes, shorter than a chunk header",
+            data.len()
+        ));
+    }
+    if data[0] != MAGIC || data[1] != VERSION {
+        return Err(format!(
+            "not a stasis chunk of format version {VERSION} (header {:02x} {:02x})",
+            data[0], data[1]
+        ));
+    }
+    let flag = data[2];
+    if flag != FLAG_RAW && flag != FLAG_ZSTD {
+        return Err(format!("unknown compression flag {flag}"));
+    }
+    let mut nonce = [0u8; 12];
+    nonce.copy_from_slice(&data[3..HEADER_LEN]);
+    let mut buf = BytesMut::from(data);
+    let plain_len = key
+        .aead()
+        .open_in_place(
+            aead::Nonce::assume_unique_for_key(nonce),
+            aead::Aad::from(aad(flag, &id)),
+            &mut buf[HEADER_LEN..],
+        )
+        .map_err(|_| {
+            "authentication failed (tag mismatch: modified, truncated or another key)".to_string()
+        })?
+        .len();
+    let plain = if flag == FLAG_RAW {
+        buf.advance(HEADER_LEN);
+        buf.truncate(plain_len);
+        buf
+    } else {
+        let src = &buf[HEADER_LEN..HEADER_LEN + plain_len];
+        let mut out: Vec<u8> = Vec::with_capacity(expected_len);
+        let r = DCTX.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = zstd::bulk::Decompressor::new().ok();
+            }
+            match d.as_mut() {
+                Some(d) => d.decompress_to_buffer(src, &mut out),
+                None => Err(std::io::Error::other("cannot create a zstd context")),
+            }
+        });
+        r.map_err(|e| format!("zstd decompression failed: {e}"))?;
+        BytesMut::from(&out[..])
+    };
+    if plain.len() != expected_len {
+        return Err(format!(
+            "plaintext is {} bytes, the manifest says {expected_len}",
+            plain.len()
+        ));
+    }
+    if key.chunk_hash(&plain) != id {
+        return Err("content does not hash to the chunk id".into());
+    }
+    Ok(plain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn chunks_of(data: &[u8]) -> Vec<(u64, Vec<u8>)> {
+        let mut v = vec![];
+        Chunker::new()
+            .run(data, |o, b| {
+                v.push((o, b[HEADER_LEN..].to_vec()));
+                true
+            })
+            .unwrap();
+        v
+    }
+
+    #[test]
+    fn chunker_matches_stream_cdc() {
+        let data = pseudo_random(20 << 20, 7);
+        let ours = chunks_of(&data);
+        let theirs: Vec<(u64, usize)> = fastcdc::v2020::StreamCDC::new(
+            &data[..],
+            MIN_CHUNK as u32,
+            AVG_CHUNK as u32,
+            MAX_CHUNK as u32,
+        )
+        .map(|c| {
+            let c = c.unwrap();
+            (c.offset, c.length)
+        })
+        .collect();
+        assert_eq!(
+            ours.iter().map(|(o, b)| (*o, b.len())).collect::<Vec<_>>(),
+            theirs
+        );
+        let joined: Vec<u8> = ours.into_iter().flat_map(|(_, b)| b).collect();
+        assert_eq!(joined, data);
+        assert!(chunks_of(&[]).is_empty());
+        assert_eq!(chunks_of(&[1, 2, 3]).len(), 1);
+    }
+
+    #[test]
+    fn encode_decode_round_trip_and_tamper() {
+        let key = Key::from_secret(&[9u8; 32]);
+        for data in [
+            pseudo_random(300_000, 3),
+            vec![0u8; 300_000],
+            b"tiny".to_vec(),
+        ] {
+            let id = key.chunk_hash(&data);
+            let mut buf = vec![0u8; HEADER_LEN];
+            buf.extend_from_slice(&data);
+            let obj = encode(&key, &id, buf, true);
+            let back = decode(&key, &id.to_hex(), data.len(), obj.clone().into()).unwrap();
+            assert_eq!(&back[..], &data[..]);
+
+            let mut bad = obj.clone();
+            let last = bad.len() - 20;
+            bad[last] ^= 1;
+            assert!(decode(&key, &id.to_hex(), data.len(), bad.into())
+                .unwrap_err()
+                .contains("authentication failed"));
+            let other = key.chunk_hash(b"other");
+            assert!(decode(&key, &other.to_hex(), data.len(), obj.clone().into()).is_err());
+            let k2 = Key::from_secret(&[8u8; 32]);
+            assert!(decode(&k2, &id.to_hex(), data.len(), obj.into()).is_err());
+        }
+        // zeros compress; random does not
+        let z = vec![0u8; 1 << 20];
+        let mut b = vec![0u8; HEADER_LEN];
+        b.extend_from_slice(&z);
+        assert!(encode(&key, &key.chunk_hash(&z), b, true).len() < 10_000);
+    }
+}

@@ -1,0 +1,150 @@
+//! The store's error type.
+
+use std::path::PathBuf;
+
+use stasis_core::ManifestError;
+
+/// Everything that can go wrong in the store. Messages are lower-case and name the object, file
+/// or path involved, so a CLI can print them as they are.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The key file is missing, unreadable, too open, or not a key.
+    #[error("key file {path}: {reason}")]
+    KeyFile { path: PathBuf, reason: String },
+
+    /// The checkpoint was written with another key. Key ids are public; keys are not.
+    #[error("checkpoint {reference} was written with key {manifest_key_id}, but the key in use is {this_key_id}: use the key the checkpoint was written with")]
+    WrongKey {
+        reference: String,
+        manifest_key_id: String,
+        this_key_id: String,
+    },
+
+    /// The manifest's MAC does not match: it was modified, corrupted, or not written by stasis.
+    #[error("manifest {path} failed its integrity check ({reason}): it was modified or corrupted; refusing to use it")]
+    ManifestTampered { path: String, reason: String },
+
+    /// The manifest is authentic but describes something this build refuses (schema, paths).
+    #[error("manifest {path} is not usable: {source}")]
+    ManifestInvalid {
+        path: String,
+        #[source]
+        source: ManifestError,
+    },
+
+    /// A chunk a manifest names is not in the store.
+    #[error("chunk {chunk} of file {file:?} is missing from the store (object {path})")]
+    ChunkMissing {
+        chunk: String,
+        file: String,
+        path: String,
+    },
+
+    /// A chunk is in the store but does not decrypt, decompress or hash to its id.
+    #[error("chunk {chunk} of file {file:?} is corrupt (object {path}): {reason}")]
+    ChunkCorrupt {
+        chunk: String,
+        file: String,
+        path: String,
+        reason: String,
+    },
+
+    /// No such checkpoint (or no checkpoint at all for `<workload>/latest`).
+    #[error("checkpoint {reference} not found in the store")]
+    NotFound { reference: String },
+
+    /// The backend ran out of space (ENOSPC / EDQUOT) while writing an object.
+    #[error("store is out of space while writing {path}: {source}")]
+    NoSpace {
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// Any other backend failure.
+    #[error("store backend failed at {path}: {source}")]
+    Backend {
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A local file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The store URL is not one this build understands.
+    #[error("store url {url:?} is not usable: {reason}")]
+    InvalidUrl { url: String, reason: String },
+
+    /// Another garbage collection holds the GC lock.
+    #[error("garbage collection is already running (lock {path}, held by {holder} until {expires}); retry later")]
+    GcBusy {
+        path: String,
+        holder: String,
+        expires: String,
+    },
+
+    /// A file under the image directory cannot be stored (too large a chunk count, odd name).
+    #[error("cannot store {path}: {reason}")]
+    Unsupported { path: PathBuf, reason: String },
+
+    /// A worker task failed (panicked or was cancelled).
+    #[error("internal store error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    /// Maps an `object_store` error at `path`, recognising out-of-space conditions.
+    pub(crate) fn backend(path: impl Into<String>, source: object_store::Error) -> Self {
+        let path = path.into();
+        if is_no_space(&source) {
+            StoreError::NoSpace { path, source }
+        } else {
+            StoreError::Backend { path, source }
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// True when the error means the store (or the local disk) is full.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StoreError::NoSpace { .. } => true,
+            StoreError::Io { source, .. } => io_is_no_space(source),
+            _ => false,
+        }
+    }
+}
+
+fn io_is_no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    ) || matches!(e.raw_os_error(), Some(28) | Some(122))
+}
+
+/// Walks the source chain of an error looking for an ENOSPC/EDQUOT `io::Error`.
+fn is_no_space(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io_is_no_space(io) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

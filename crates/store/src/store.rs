@@ -1,0 +1,1028 @@
+//! The store: put, get, list, delete, garbage collection.
+
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use stasis_core::{
+    CheckpointId, CheckpointRef, ChunkRef, FileEntry, Manifest, Selector, StoreStats, WorkloadName,
+};
+use tokio::sync::Semaphore;
+
+use crate::chunk::{self, Chunker, HEADER_LEN};
+use crate::envelope;
+use crate::error::{Result, StoreError};
+use crate::key::Key;
+use crate::progress::Progress;
+
+/// Tuning and safety knobs. The defaults suit a node agent and the CLI.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Chunks in flight at once (hashing, encoding, uploading, downloading). Each costs up to
+    /// two max-size chunk buffers (8 MiB) of memory.
+    pub concurrency: usize,
+    /// CPU-bound chunk work (hash, compress, encrypt, decrypt) running at once; default: the
+    /// number of CPUs.
+    pub cpu_workers: usize,
+    /// Try zstd on chunks (level 1). Incompressible chunks are stored raw either way.
+    pub compress: bool,
+    /// How long a writer's lease (and a reader's) lives without renewal. Writers renew at a
+    /// third of it while they upload.
+    pub lease_ttl: Duration,
+    /// How long a GC lock lives without renewal.
+    pub gc_lock_ttl: Duration,
+    /// How long a writer waits for a running GC before it stops relying on existing chunks and
+    /// uploads every chunk itself.
+    pub gc_wait: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            concurrency: 12,
+            cpu_workers: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+            compress: true,
+            lease_ttl: Duration::from_secs(600),
+            gc_lock_ttl: Duration::from_secs(1800),
+            gc_wait: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One checkpoint as seen in a listing (no key needed, nothing verified).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckpointSummary {
+    pub workload: WorkloadName,
+    pub id: CheckpointId,
+    /// Size of the manifest object.
+    pub manifest_bytes: u64,
+    /// When the manifest was published (backend clock), Unix milliseconds.
+    pub published_unix_ms: i64,
+}
+
+impl CheckpointSummary {
+    pub fn reference(&self) -> CheckpointRef {
+        CheckpointRef::exact(self.workload.clone(), self.id.clone())
+    }
+}
+
+/// What a garbage collection did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// Checkpoints kept (newest `keep_last` of each workload).
+    pub manifests_kept: u64,
+    /// Checkpoints whose manifests were deleted, as `<workload>/<id>`.
+    pub manifests_deleted: Vec<String>,
+    /// Chunks (of this key) still referenced by a kept manifest.
+    pub chunks_kept: u64,
+    /// Unreferenced chunks deleted.
+    pub chunks_deleted: u64,
+    /// Stored bytes of the deleted chunks.
+    pub bytes_deleted: u64,
+    /// Unreferenced chunks spared because they are younger than the grace period.
+    pub chunks_spared_young: u64,
+    /// Why the chunk sweep did not run (a live lease, an unverifiable manifest), if it did not.
+    pub sweep_skipped: Option<String>,
+    /// Expired leases (of writers that died) removed.
+    pub expired_leases_removed: u64,
+}
+
+/// A checkpoint store on an object store (`file://` or `s3://`). See the crate docs for the
+/// layout and the protocols.
+pub struct Store {
+    os: Arc<dyn ObjectStore>,
+    url: String,
+    opts: StoreOptions,
+    cpu: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("url", &self.url)
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+const GC_LOCK: &str = "locks/gc.json";
+
+fn chunk_path(key_id: &str, id: &str) -> ObjPath {
+    ObjPath::from(format!("chunks/{key_id}/{}/{id}", &id[..2]))
+}
+fn manifest_path(w: &WorkloadName, id: &CheckpointId) -> ObjPath {
+    ObjPath::from(format!("manifests/{w}/{id}.json"))
+}
+fn lease_path(w: &WorkloadName, id: &CheckpointId, suffix: &str) -> ObjPath {
+    ObjPath::from(format!("leases/{w}/{id}{suffix}.json"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn rfc3339_ms(ms: u64) -> String {
+    CheckpointId::from_parts(ms, 0).created_rfc3339()
+}
+
+/// A lease or lock document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LeaseDoc {
+    holder: String,
+    purpose: String,
+    started_unix_ms: u64,
+    renewed_unix_ms: u64,
+    ttl_ms: u64,
+}
+
+impl LeaseDoc {
+    fn new(purpose: &str, ttl: Duration) -> Self {
+        let now = now_ms();
+        LeaseDoc {
+            holder: holder(),
+            purpose: purpose.to_owned(),
+            started_unix_ms: now,
+            renewed_unix_ms: now,
+            ttl_ms: ttl.as_millis() as u64,
+        }
+    }
+    fn expires_ms(&self) -> u64 {
+        self.renewed_unix_ms.saturating_add(self.ttl_ms)
+    }
+    fn live(&self, now: u64) -> bool {
+        now < self.expires_ms()
+    }
+    fn to_bytes(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+fn holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".into());
+    format!("{host}/pid {}", std::process::id())
+}
+
+/// A file of the image directory to upload.
+#[derive(Debug, Clone)]
+struct SourceFile {
+    rel: String,
+    abs: PathBuf,
+    mode: u32,
+}
+
+/// One chunk on its way from the chunker.
+struct Piece {
+    file: usize,
+    buf: Vec<u8>,
+}
+
+/// What became of one chunk of a put.
+struct PieceDone {
+    file: usize,
+    chunk: ChunkRef,
+    /// Stored bytes when this put wrote the chunk.
+    written: Option<u64>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Internal(format!("worker task failed: {e}")))
+}
+
+impl Store {
+    /// Opens a store: `file:///abs/path` or a plain path (created if missing), or
+    /// `s3://bucket/prefix` (endpoint, credentials and region from `AWS_ENDPOINT_URL`,
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`; plain http allowed).
+    pub fn open(url: &str) -> Result<Self> {
+        Self::open_with(url, StoreOptions::default())
+    }
+
+    /// [`Store::open`] with options.
+    pub fn open_with(url: &str, opts: StoreOptions) -> Result<Self> {
+        let invalid = |reason: String| StoreError::InvalidUrl {
+            url: url.to_owned(),
+            reason,
+        };
+        let os: Arc<dyn ObjectStore> = if !url.contains("://") {
+            if url.is_empty() {
+                return Err(invalid("empty".into()));
+            }
+            let p = PathBuf::from(url);
+            let p = if p.is_absolute() {
+                p
+            } else {
+                std::env::current_dir()
+                    .map_err(|e| StoreError::io(".", e))?
+                    .join(p)
+            };
+            local_store(&p)?
+        } else {
+            let u = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+            match u.scheme() {
+                "file" => {
+                    let p = u.to_file_path().map_err(|_| {
+                        invalid("a file:// url needs an absolute path (file:///var/lib/x)".into())
+                    })?;
+                    local_store(&p)?
+                }
+                "s3" => {
+                    let bucket = u
+                        .host_str()
+                        .filter(|b| !b.is_empty())
+                        .ok_or_else(|| invalid("no bucket (s3://bucket/prefix)".into()))?;
+                    let s3 = object_store::aws::AmazonS3Builder::from_env()
+                        .with_bucket_name(bucket)
+                        .with_allow_http(true)
+                        .build()
+                        .map_err(|e| invalid(e.to_string()))?;
+                    let prefix = u.path().trim_matches('/');
+                    if prefix.is_empty() {
+                        Arc::new(s3)
+                    } else {
+                        Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+                    }
+                }
+                other => {
+                    return Err(invalid(format!(
+                        "unsupported scheme {other:?}; use file:///abs/path, /abs/path or s3://bucket/prefix"
+                    )))
+                }
+            }
+        };
+        Ok(Self::from_object_store(os, url, opts))
+    }
+
+    /// A store over any `object_store` backend (tests use this to inject faults).
+    pub fn from_object_store(
+        os: Arc<dyn ObjectStore>,
+        url: impl Into<String>,
+        opts: StoreOptions,
+    ) -> Self {
+        let cpu = Arc::new(Semaphore::new(opts.cpu_workers.max(1)));
+        Store {
+            os,
+            url: url.into(),
+            opts,
+            cpu,
+        }
+    }
+
+    /// The URL the store was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.opts
+    }
+
+    fn be(&self, path: &ObjPath, e: object_store::Error) -> StoreError {
+        StoreError::backend(format!("{}/{path}", self.url.trim_end_matches('/')), e)
+    }
+
+    // ---------------------------------------------------------------- listing and resolving
+
+    /// Checkpoints in the store (all workloads, or one), sorted by workload then id (oldest
+    /// first). Nothing is verified; objects that are not manifests are ignored.
+    pub async fn list(&self, workload: Option<&WorkloadName>) -> Result<Vec<CheckpointSummary>> {
+        let prefix = match workload {
+            Some(w) => ObjPath::from(format!("manifests/{w}")),
+            None => ObjPath::from("manifests"),
+        };
+        let metas: Vec<_> = self
+            .os
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.be(&prefix, e))?;
+        let mut out: Vec<CheckpointSummary> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let parts: Vec<_> = m.location.parts().collect();
+                if parts.len() != 3 || parts[0].as_ref() != "manifests" {
+                    return None;
+                }
+                let w = WorkloadName::new(parts[1].as_ref()).ok()?;
+                let id = CheckpointId::parse(parts[2].as_ref().strip_suffix(".json")?).ok()?;
+                Some(CheckpointSummary {
+                    workload: w,
+                    id,
+                    manifest_bytes: m.size,
+                    published_unix_ms: m.last_modified.timestamp_millis(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.workload, &a.id).cmp(&(&b.workload, &b.id)));
+        Ok(out)
+    }
+
+    /// The id a reference names: `latest` is the greatest id with a manifest; an exact id must
+    /// have a manifest.
+    pub async fn resolve(&self, reference: &CheckpointRef) -> Result<CheckpointId> {
+        let not_found = || StoreError::NotFound {
+            reference: reference.to_string(),
+        };
+        match &reference.selector {
+            Selector::Latest => self
+                .list(Some(&reference.workload))
+                .await?
+                .into_iter()
+                .map(|s| s.id)
+                .max()
+                .ok_or_else(not_found),
+            Selector::Id(id) => {
+                let p = manifest_path(&reference.workload, id);
+                match self.os.head(&p).await {
+                    Ok(_) => Ok(id.clone()),
+                    Err(object_store::Error::NotFound { .. }) => Err(not_found()),
+                    Err(e) => Err(self.be(&p, e)),
+                }
+            }
+        }
+    }
+
+    /// Reads, authenticates and validates a checkpoint's manifest.
+    pub async fn read_manifest(&self, key: &Key, reference: &CheckpointRef) -> Result<Manifest> {
+        let id = self.resolve(reference).await?;
+        self.read_manifest_id(key, &reference.workload, &id).await
+    }
+
+    async fn read_manifest_id(
+        &self,
+        key: &Key,
+        w: &WorkloadName,
+        id: &CheckpointId,
+    ) -> Result<Manifest> {
+        let p = manifest_path(w, id);
+        let bytes = self
+            .get_bytes(&p)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                reference: format!("{w}/{id}"),
+            })?;
+        envelope::open(
+            key,
+            &format!("{}/{p}", self.url.trim_end_matches('/')),
+            w,
+            id,
+            &bytes,
+        )
+    }
+
+    async fn get_bytes(&self, p: &ObjPath) -> Result<Option<Bytes>> {
+        match self.os.get(p).await {
+            Ok(r) => r.bytes().await.map(Some).map_err(|e| self.be(p, e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.be(p, e)),
+        }
+    }
+
+    /// Deletes a checkpoint's manifest (its chunks go at the next [`Store::gc`]). Returns the
+    /// id deleted.
+    pub async fn delete_checkpoint(&self, reference: &CheckpointRef) -> Result<CheckpointId> {
+        let id = self.resolve(reference).await?;
+        let p = manifest_path(&reference.workload, &id);
+        self.os.delete(&p).await.map_err(|e| self.be(&p, e))?;
+        Ok(id)
+    }
+
+    // ---------------------------------------------------------------- leases
+
+    async fn put_lease(&self, p: &ObjPath, doc: &LeaseDoc) -> Result<()> {
+        self.os
+            .put(p, PutPayload::from_bytes(doc.to_bytes()))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.be(p, e))
+    }
+
+    async fn drop_lease(&self, p: &ObjPath) {
+        match self.os.delete(p).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(lease = %p, error = %e, "could not remove lease; it expires on its own")
+            }
+        }
+    }
+
+    async fn read_doc(&self, p: &ObjPath) -> Result<Option<LeaseDoc>> {
+        Ok(self
+            .get_bytes(p)
+            .await?
+            .and_then(|b| serde_json::from_slice(&b).ok()))
+    }
+
+    /// Waits (bounded by `gc_wait`) while a live GC lock exists. Returns whether existing chunks
+    /// may be relied on.
+    async fn wait_for_gc(&self) -> Result<bool> {
+        let deadline = Instant::now() + self.opts.gc_wait;
+        let lock = ObjPath::from(GC_LOCK);
+        loop {
+            match self.read_doc(&lock).await? {
+                Some(doc) if doc.live(now_ms()) => {
+                    if Instant::now() >= deadline {
+                        tracing::warn!(holder = %doc.holder, "garbage collection still running; uploading every chunk instead of relying on existing ones");
+                        return Ok(false);
+                    }
+                    tracing::debug!(holder = %doc.holder, "waiting for garbage collection to finish");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                _ => return Ok(true),
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- put
+
+    /// Stores the checkpoint image in `image_dir` and publishes its manifest.
+    ///
+    /// `draft` carries everything but `files`, `stats` and `key_id`, which this fills in. Every
+    /// regular file under `image_dir` is stored (recursively, by relative path, with its mode);
+    /// empty directories are not recorded and anything other than regular files and directories
+    /// (symlinks, devices) is refused. The manifest is written last, atomically; on error no
+    /// manifest exists and the store's previous checkpoints are untouched.
+    pub async fn put_checkpoint(
+        &self,
+        key: &Key,
+        mut draft: Manifest,
+        image_dir: &Path,
+        progress: &dyn Progress,
+    ) -> Result<Manifest> {
+        draft.key_id = key.id().to_owned();
+        let dir = image_dir.to_owned();
+        let files = blocking(move || scan_dir(&dir)).await??;
+        let lease = lease_path(&draft.workload, &draft.id, "");
+        let mut doc = LeaseDoc::new("put", self.opts.lease_ttl);
+        self.put_lease(&lease, &doc).await?;
+        let r = self
+            .put_leased(key, draft, files, progress, &lease, &mut doc)
+            .await;
+        progress.finish();
+        self.drop_lease(&lease).await;
+        r
+    }
+
+    async fn put_leased(
+        &self,
+        key: &Key,
+        mut m: Manifest,
+        files: Vec<SourceFile>,
+        progress: &dyn Progress,
+        lease: &ObjPath,
+        doc: &mut LeaseDoc,
+    ) -> Result<Manifest> {
+        let trust = self.wait_for_gc().await?;
+        let mut known: HashSet<[u8; 32]> = HashSet::new();
+        if trust {
+            match self
+                .read_manifest(
+                    key,
+                    &CheckpointRef {
+                        workload: m.workload.clone(),
+                        selector: Selector::Latest,
+                    },
+                )
+                .await
+            {
+                Ok(prev) => {
+                    for id in prev.chunk_ids() {
+                        if let Ok(h) = blake3::Hash::from_hex(id) {
+                            known.insert(*h.as_bytes());
+                        }
+                    }
+                }
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "not deduplicating against the previous checkpoint")
+                }
+            }
+        }
+        let known = Arc::new(known);
+        let claimed: Arc<Mutex<HashSet<[u8; 32]>>> = Arc::default();
+
+        let total: u64 = {
+            let f2 = files.clone();
+            blocking(move || {
+                f2.iter()
+                    .map(|f| std::fs::metadata(&f.abs).map(|m| m.len()).unwrap_or(0))
+                    .sum()
+            })
+            .await?
+        };
+        progress.start("upload", total);
+
+        // The chunker: one thread reading files in order with large reads.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Piece>>(4);
+        let chunk_files = files.clone();
+        std::thread::Builder::new()
+            .name("stasis-chunker".into())
+            .spawn(move || {
+                let mut chunker = Chunker::new();
+                for (i, f) in chunk_files.iter().enumerate() {
+                    let file = match std::fs::File::open(&f.abs) {
+                        Ok(file) => file,
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(StoreError::io(&f.abs, e)));
+                            return;
+                        }
+                    };
+                    let mut open = true;
+                    let r = chunker.run(file, |_, buf| {
+                        open = tx.blocking_send(Ok(Piece { file: i, buf })).is_ok();
+                        open
+                    });
+                    if let Err(e) = r {
+                        let _ = tx.blocking_send(Err(StoreError::io(&f.abs, e)));
+                        return;
+                    }
+                    if !open {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Internal(format!("cannot start chunker thread: {e}")))?;
+
+        let pieces =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
+        let compress = self.opts.compress;
+        let mut results = std::pin::pin!(pieces
+            .map(|piece| {
+                let key = key.clone();
+                let known = known.clone();
+                let claimed = claimed.clone();
+                let cpu = self.cpu.clone();
+                async move {
+                    let Piece { file, buf } = piece?;
+                    let len = buf.len() - HEADER_LEN;
+                    let permit = cpu
+                        .acquire_owned()
+                        .await
+                        .map_err(|e| StoreError::Internal(e.to_string()))?;
+                    let key_id = key.id().to_owned();
+                    let (id, obj) = blocking(move || {
+                        let _permit = permit;
+                        let id = key.chunk_hash(&buf[HEADER_LEN..]);
+                        let b = *id.as_bytes();
+                        if known.contains(&b)
+                            || !claimed.lock().map(|mut c| c.insert(b)).unwrap_or(true)
+                        {
+                            return (id, None);
+                        }
+                        let obj = chunk::encode(&key, &id, buf, compress);
+                        (id, Some(obj))
+                    })
+                    .await?;
+                    let id_hex = id.to_hex().to_string();
+                    let mut written = None;
+                    if let Some(obj) = obj {
+                        let p = chunk_path(&key_id, &id_hex);
+                        let present = trust && self.os.head(&p).await.is_ok();
+                        if !present {
+                            let n = obj.len() as u64;
+                            self.os
+                                .put(&p, PutPayload::from(obj))
+                                .await
+                                .map_err(|e| self.be(&p, e))?;
+                            written = Some(n);
+                        }
+                    }
+                    Ok::<_, StoreError>(PieceDone {
+                        file,
+                        chunk: ChunkRef {
+                            id: id_hex,
+                            len: len as u32,
+                        },
+                        written,
+                    })
+                }
+            })
+            .buffered(self.opts.concurrency.max(1)));
+
+        let mut chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); files.len()];
+        let mut stats = StoreStats::default();
+        let mut renewed = Instant::now();
+        let renew_every = self.opts.lease_ttl / 3;
+        while let Some(done) = results.next().await {
+            let done = done?;
+            let len = u64::from(done.chunk.len);
+            stats.logical_bytes += len;
+            stats.chunks += 1;
+            if let Some(w) = done.written {
+                stats.new_chunks += 1;
+                stats.new_bytes += len;
+                stats.written_bytes += w;
+            }
+            chunks[done.file].push(done.chunk);
+            progress.advance(len);
+            if renewed.elapsed() >= renew_every {
+                doc.renewed_unix_ms = now_ms();
+                self.put_lease(lease, doc).await?;
+                renewed = Instant::now();
+            }
+        }
+
+        m.files = files
+            .into_iter()
+            .zip(chunks)
+            .map(|(f, chunks)| FileEntry {
+                size: chunks.iter().map(|c| u64::from(c.len)).sum(),
+                path: f.rel,
+                mode: f.mode,
+                chunks,
+            })
+            .collect();
+        m.stats = stats;
+        m.validate().map_err(|source| StoreError::ManifestInvalid {
+            path: format!("{}/{}", m.workload, m.id),
+            source,
+        })?;
+
+        let body = envelope::seal(key, &m)?;
+        let p = manifest_path(&m.workload, &m.id);
+        self.os
+            .put_opts(
+                &p,
+                PutPayload::from(body),
+                PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| self.be(&p, e))?;
+        tracing::info!(
+            checkpoint = %m.reference(),
+            chunks = m.stats.chunks,
+            new_chunks = m.stats.new_chunks,
+            written_bytes = m.stats.written_bytes,
+            "checkpoint published"
+        );
+        Ok(m)
+    }
+
+    // ---------------------------------------------------------------- get
+
+    /// Restores a checkpoint's files into `dest_dir` (created if missing) and returns its
+    /// manifest. Every chunk is authenticated and checked against its id before it is written.
+    ///
+    /// Files are created with mode `0600`, pre-sized, filled with positioned writes, and given
+    /// their recorded modes at the end. On error `dest_dir` may hold partial files: the caller
+    /// owns `dest_dir` and removes it (restore into a fresh directory); nothing in it is valid
+    /// unless this returns `Ok`.
+    ///
+    /// A reader lease protects the checkpoint's chunks from a concurrent [`Store::gc`].
+    pub async fn get_checkpoint(
+        &self,
+        key: &Key,
+        reference: &CheckpointRef,
+        dest_dir: &Path,
+        progress: &dyn Progress,
+    ) -> Result<Manifest> {
+        let id = self.resolve(reference).await?;
+        let lease = lease_path(
+            &reference.workload,
+            &id,
+            &format!(".read-{:08x}", rand::random::<u32>()),
+        );
+        self.put_lease(&lease, &LeaseDoc::new("get", self.opts.lease_ttl))
+            .await?;
+        let r = self
+            .get_leased(key, &reference.workload, &id, dest_dir, progress)
+            .await;
+        progress.finish();
+        self.drop_lease(&lease).await;
+        r
+    }
+
+    async fn get_leased(
+        &self,
+        key: &Key,
+        w: &WorkloadName,
+        id: &CheckpointId,
+        dest_dir: &Path,
+        progress: &dyn Progress,
+    ) -> Result<Manifest> {
+        let m = self.read_manifest_id(key, w, id).await?;
+        let dest = dest_dir.to_owned();
+        let layout: Vec<(String, u64)> = m.files.iter().map(|f| (f.path.clone(), f.size)).collect();
+        let handles: Vec<Arc<std::fs::File>> =
+            blocking(move || create_files(&dest, &layout)).await??;
+        progress.start("download", m.logical_bytes());
+
+        let mut work = Vec::with_capacity(m.stats.chunks as usize);
+        for (fi, f) in m.files.iter().enumerate() {
+            let mut off = 0u64;
+            for c in &f.chunks {
+                work.push((fi, off, c));
+                off += u64::from(c.len);
+            }
+        }
+        let files = &m.files;
+        let dest_root = dest_dir.to_owned();
+        futures::stream::iter(work)
+            .map(|(fi, off, c)| {
+                let key = key.clone();
+                let handle = handles[fi].clone();
+                let cpu = self.cpu.clone();
+                let file_name = files[fi].path.clone();
+                let dest_path = dest_root.join(&files[fi].path);
+                async move {
+                    let p = chunk_path(key.id(), &c.id);
+                    let shown = format!("{}/{p}", self.url.trim_end_matches('/'));
+                    let data = match self.os.get(&p).await {
+                        Ok(r) => r.bytes().await.map_err(|e| self.be(&p, e))?,
+                        Err(object_store::Error::NotFound { .. }) => {
+                            return Err(StoreError::ChunkMissing {
+                                chunk: c.id.clone(),
+                                file: file_name,
+                                path: shown,
+                            })
+                        }
+                        Err(e) => return Err(self.be(&p, e)),
+                    };
+                    let permit = cpu
+                        .acquire_owned()
+                        .await
+                        .map_err(|e| StoreError::Internal(e.to_string()))?;
+                    let chunk_id = c.id.clone();
+                    let len = c.len as usize;
+                    blocking(move || {
+                        let _permit = permit;
+                        let plain =
+                            chunk::decode(&key, &chunk_id, len, data).map_err(|reason| {
+                                StoreError::ChunkCorrupt {
+                                    chunk: chunk_id.clone(),
+                                    file: file_name,
+                                    path: shown,
+                                    reason,
+                                }
+                            })?;
+                        handle
+                            .write_all_at(&plain, off)
+                            .map_err(|e| StoreError::io(dest_path, e))
+                    })
+                    .await??;
+                    progress.advance(len as u64);
+                    Ok::<_, StoreError>(())
+                }
+            })
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .try_collect::<()>()
+            .await?;
+
+        let dest = dest_dir.to_owned();
+        let modes: Vec<(String, u32)> = m.files.iter().map(|f| (f.path.clone(), f.mode)).collect();
+        blocking(move || -> Result<()> {
+            drop(handles);
+            for (rel, mode) in modes {
+                let p = dest.join(rel);
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & 0o7777))
+                    .map_err(|e| StoreError::io(&p, e))?;
+            }
+            Ok(())
+        })
+        .await??;
+        Ok(m)
+    }
+
+    // ---------------------------------------------------------------- gc
+
+    /// Retention and garbage collection: keeps the newest `keep_last` checkpoints of every
+    /// workload, deletes the other manifests, then deletes chunks of this key that no kept
+    /// manifest references and that are older than `grace`. See the crate docs for how this
+    /// stays safe next to running writers.
+    pub async fn gc(&self, key: &Key, keep_last: usize, grace: Duration) -> Result<GcReport> {
+        let lock = ObjPath::from(GC_LOCK);
+        let doc = LeaseDoc::new("gc", self.opts.gc_lock_ttl);
+        let created = self
+            .os
+            .put_opts(
+                &lock,
+                PutPayload::from_bytes(doc.to_bytes()),
+                PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                },
+            )
+            .await;
+        match created {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                if let Some(other) = self.read_doc(&lock).await? {
+                    if other.live(now_ms()) {
+                        return Err(StoreError::GcBusy {
+                            path: format!("{}/{lock}", self.url.trim_end_matches('/')),
+                            expires: rfc3339_ms(other.expires_ms()),
+                            holder: other.holder,
+                        });
+                    }
+                }
+                tracing::warn!("replacing an expired garbage collection lock");
+                self.put_lease(&lock, &doc).await?;
+            }
+            Err(e) => return Err(self.be(&lock, e)),
+        }
+        let r = self.gc_locked(key, keep_last, grace).await;
+        self.drop_lease(&lock).await;
+        r
+    }
+
+    async fn gc_locked(&self, key: &Key, keep_last: usize, grace: Duration) -> Result<GcReport> {
+        let mut report = GcReport::default();
+        let now = now_ms();
+
+        // Leases: live ones block the sweep; expired ones (dead writers) are removed.
+        let lease_prefix = ObjPath::from("leases");
+        let leases: Vec<_> = self
+            .os
+            .list(Some(&lease_prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.be(&lease_prefix, e))?;
+        let mut live = Vec::new();
+        for l in leases {
+            match self.read_doc(&l.location).await? {
+                Some(doc) if doc.live(now) => live.push(l.location.to_string()),
+                _ => {
+                    self.drop_lease(&l.location).await;
+                    report.expired_leases_removed += 1;
+                }
+            }
+        }
+
+        // Retention.
+        let mut by_workload: BTreeMap<WorkloadName, Vec<CheckpointSummary>> = BTreeMap::new();
+        for s in self.list(None).await? {
+            by_workload.entry(s.workload.clone()).or_default().push(s);
+        }
+        let mut kept = Vec::new();
+        for (_, mut v) in by_workload {
+            v.sort_by(|a, b| b.id.cmp(&a.id));
+            for (i, s) in v.into_iter().enumerate() {
+                if i < keep_last {
+                    kept.push(s);
+                } else {
+                    let p = manifest_path(&s.workload, &s.id);
+                    match self.os.delete(&p).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => return Err(self.be(&p, e)),
+                    }
+                    report.manifests_deleted.push(s.reference().to_string());
+                }
+            }
+        }
+        report.manifests_kept = kept.len() as u64;
+
+        if !live.is_empty() {
+            report.sweep_skipped = Some(format!(
+                "{} checkpoint operation(s) in progress ({}); chunks are swept by a later gc",
+                live.len(),
+                live.join(", ")
+            ));
+            return Ok(report);
+        }
+
+        // Mark.
+        let mut referenced: HashSet<String> = HashSet::new();
+        for s in &kept {
+            let p = manifest_path(&s.workload, &s.id);
+            let Some(bytes) = self.get_bytes(&p).await? else {
+                continue;
+            };
+            if envelope::peek_key_id(&bytes).as_deref() != Some(key.id()) {
+                // Another key's checkpoint: its chunks live under another key id, untouched here.
+                continue;
+            }
+            match envelope::open(key, p.as_ref(), &s.workload, &s.id, &bytes) {
+                Ok(m) => referenced.extend(m.chunk_ids().map(str::to_owned)),
+                Err(e) => {
+                    report.sweep_skipped = Some(format!(
+                        "kept checkpoint {} cannot be verified ({e}); not sweeping chunks",
+                        s.reference()
+                    ));
+                    return Ok(report);
+                }
+            }
+        }
+
+        // Sweep.
+        let prefix = ObjPath::from(format!("chunks/{}", key.id()));
+        let metas: Vec<_> = self
+            .os
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.be(&prefix, e))?;
+        let grace_ms = grace.as_millis() as i64;
+        let now = now_ms() as i64;
+        let mut doomed = Vec::new();
+        for meta in metas {
+            let Some(name) = meta.location.filename() else {
+                continue;
+            };
+            if referenced.contains(name) {
+                report.chunks_kept += 1;
+            } else if now - meta.last_modified.timestamp_millis() < grace_ms {
+                report.chunks_spared_young += 1;
+            } else {
+                report.bytes_deleted += meta.size;
+                doomed.push(Ok(meta.location));
+            }
+        }
+        let mut deleted = self.os.delete_stream(futures::stream::iter(doomed).boxed());
+        while let Some(r) = deleted.next().await {
+            match r {
+                Ok(_) => report.chunks_deleted += 1,
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.be(&prefix, e)),
+            }
+        }
+        Ok(report)
+    }
+}
+
+fn local_store(p: &Path) -> Result<Arc<dyn ObjectStore>> {
+    std::fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
+    let fs = object_store::local::LocalFileSystem::new_with_prefix(p)
+        .map_err(|e| StoreError::backend(p.display().to_string(), e))?
+        .with_automatic_cleanup(true);
+    Ok(Arc::new(fs))
+}
+
+/// Regular files under `root`, recursively, sorted by relative path.
+fn scan_dir(root: &Path) -> Result<Vec<SourceFile>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let rd = std::fs::read_dir(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| StoreError::io(&dir, e))?;
+            let abs = entry.path();
+            let meta = std::fs::symlink_metadata(&abs).map_err(|e| StoreError::io(&abs, e))?;
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                stack.push(abs);
+            } else if ft.is_file() {
+                let rel = abs
+                    .strip_prefix(root)
+                    .ok()
+                    .and_then(|r| r.to_str())
+                    .ok_or_else(|| StoreError::Unsupported {
+                        path: abs.clone(),
+                        reason: "file name is not valid UTF-8".into(),
+                    })?
+                    .to_owned();
+                out.push(SourceFile {
+                    rel,
+                    abs,
+                    mode: meta.permissions().mode() & 0o7777,
+                });
+            } else {
+                return Err(StoreError::Unsupported {
+                    path: abs,
+                    reason: "only regular files and directories can be stored (symlink, device, socket or fifo found)".into(),
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(out)
+}
+
+/// Creates (truncating) and pre-sizes every file of a restore.
+fn create_files(dest: &Path, layout: &[(String, u64)]) -> Result<Vec<Arc<std::fs::File>>> {
+    std::fs::create_dir_all(dest).map_err(|e| StoreError::io(dest, e))?;
+    layout
+        .iter()
+        .map(|(rel, size)| {
+            let p = dest.join(rel);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
+            }
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&p)
+                .map_err(|e| StoreError::io(&p, e))?;
+            f.set_len(*size).map_err(|e| StoreError::io(&p, e))?;
+            Ok(Arc::new(f))
+        })
+        .collect()
+}
