@@ -14,6 +14,7 @@
 #   STASIS_CRIU_PREFIX=dir   CRIU prefix to copy (default /opt/stasis/criu)
 #   SKIP_BUILD=1             do not run cargo; copy whatever target/release holds
 set -euo pipefail
+shopt -s nullglob
 
 cd "$(dirname "$0")/../.."
 DIST=${STASIS_GPU_DIST:-dist/gpu}
@@ -41,8 +42,8 @@ done
 
 if [[ -x $CRIU_PREFIX/usr/sbin/criu ]]; then
   mkdir -p "$DIST/criu"
-  # Binaries and libraries only: docs, man pages and locales stay behind.
-  (cd "$CRIU_PREFIX" && tar --exclude=./usr/share -cf - .) | tar -xf - -C "$DIST/criu"
+  # Binaries and libraries only: docs, man pages, locales and iconv modules stay behind.
+  (cd "$CRIU_PREFIX" && tar --exclude=./usr/share --exclude='./usr/lib/*/gconv' -cf - .) | tar -xf - -C "$DIST/criu"
   libdir=$(cd "$DIST/criu" && dirname "$(find . -name 'ld-linux-x86-64.so.2' -path '*/lib/*' | head -n1)")
   libdir=${libdir#./}
   cat >"$DIST/criu/criu" <<EOF
