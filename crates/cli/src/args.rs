@@ -139,8 +139,9 @@ pub struct RestoreArgs {
     /// runc state root.
     #[arg(long, env = "STASIS_RUNC_ROOT", default_value = "/run/runc")]
     pub runc_root: PathBuf,
-    /// File the restored container's stdout and stderr are appended to
-    /// (default: <bundle>/container.log).
+    /// File the restored workload's stdout and stderr are appended to (default for containers:
+    /// <bundle>/container.log; for processes: the original stdout/stderr, which must then be
+    /// unchanged files).
     #[arg(long)]
     pub log: Option<PathBuf>,
     /// Close established TCP connections instead of restoring them.

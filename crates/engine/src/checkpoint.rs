@@ -265,6 +265,12 @@ pub struct ProcessImageInfo {
     pub root_pid: i32,
     pub shell_job: bool,
     pub tcp_established: bool,
+    /// CRIU's keys for the root process's stdout and stderr when they were pipes or regular
+    /// files (`pipe:[123]`, `var/log/x.log`): a restore can hand the restored process a new
+    /// log file in their place (`inherit_fd`), since the pipe's reader is gone and a file that
+    /// grew after the dump would fail CRIU's size check.
+    #[serde(default)]
+    pub stdio_keys: Vec<String>,
 }
 
 pub(crate) const PROCESS_INFO_FILE: &str = "stasis-process.json";
@@ -286,6 +292,7 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         root_pid: req.pid,
         shell_job,
         tcp_established: req.tcp_established,
+        stdio_keys: stdio_keys(req.pid),
     };
     let info_path = dir.join(PROCESS_INFO_FILE);
     std::fs::write(&info_path, serde_json::to_vec(&info).unwrap_or_default())
@@ -354,6 +361,31 @@ pub(crate) fn open_dir_inheritable(dir: &Path) -> Result<std::fs::File, EngineEr
         source: e.into(),
     })?;
     Ok(f)
+}
+
+/// CRIU inherit-fd keys of a process's stdout and stderr (deduplicated).
+fn stdio_keys(pid: i32) -> Vec<String> {
+    let mut keys = Vec::new();
+    for fd in [1, 2] {
+        let Ok(target) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else {
+            continue;
+        };
+        let t = target.to_string_lossy();
+        let key = if t.starts_with("pipe:[") {
+            t.into_owned()
+        } else if let Some(path) = t.strip_prefix('/') {
+            if t.starts_with("/dev/") {
+                continue;
+            }
+            path.to_owned()
+        } else {
+            continue;
+        };
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys
 }
 
 fn session_id(pid: i32) -> Option<i32> {

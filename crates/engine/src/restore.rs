@@ -162,6 +162,20 @@ pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError>
     Ok(pid)
 }
 
+fn open_inheritable_log(p: &Path) -> Result<std::fs::File, EngineError> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .map_err(EngineError::io(p))?;
+    fcntl(f.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| EngineError::Io {
+        path: p.to_path_buf(),
+        source: e.into(),
+    })?;
+    Ok(f)
+}
+
 fn read_pid(p: &Path) -> Result<i32, EngineError> {
     let s = std::fs::read_to_string(p).map_err(EngineError::io(p))?;
     s.trim().parse().map_err(|_| EngineError::Io {
@@ -172,7 +186,10 @@ fn read_pid(p: &Path) -> Result<i32, EngineError> {
 
 /// Restores a process tree through CRIU's RPC. The tree gets its original pids back and becomes a
 /// child of this process (CRIU's `rst_sibling`); run under a reaping parent (DESIGN §8).
-pub fn restore_process(image: &ImageDir) -> Result<i32, EngineError> {
+///
+/// `stdio_log`: a file that takes the place of the original stdout/stderr (when they were pipes or
+/// files), appended to.
+pub fn restore_process(image: &ImageDir, stdio_log: Option<&Path>) -> Result<i32, EngineError> {
     let (criu_path, _) = tools::criu_checked()?;
     let dir = image.criu();
     let info_path = dir.join(PROCESS_INFO_FILE);
@@ -199,6 +216,16 @@ pub fn restore_process(image: &ImageDir) -> Result<i32, EngineError> {
     let mut criu = rust_criu::Criu::new_with_criu_path(criu_path.display().to_string())
         .map_err(|e| criu_failed("criu restore", e, None))?;
     criu.set_images_dir_fd(dir_fd.as_raw_fd());
+    // Keep the log file open until CRIU is done with its fd number.
+    let mut _log_file = None;
+    if let Some(log) = stdio_log {
+        let f = open_inheritable_log(log)?;
+        for key in &info.stdio_keys {
+            criu.add_inherit_fd(f.as_raw_fd(), key.clone())
+                .map_err(|e| criu_failed("criu restore", e, None))?;
+        }
+        _log_file = Some(f);
+    }
     criu.set_log_file("restore.log".into());
     criu.set_log_level(4);
     criu.set_rst_sibling(true);

@@ -78,7 +78,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let spinner = bars.spinner("restoring");
     let tcp = !args.no_tcp_established;
     let (restored_as, pid) = if args.process {
-        let pid = restore::restore_process(&image)?;
+        let pid = restore::restore_process(&image, args.log.as_deref())?;
         (format!("pid {pid}"), pid)
     } else {
         let (Some(bundle), Some(new_id)) = (&args.bundle, &args.container_id) else {
