@@ -1,6 +1,6 @@
 //! The CUDA driver, loaded at run time, and the checkpoint API over it.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::GpuError;
@@ -66,10 +66,17 @@ impl Driver {
         Self::load_from(&libcuda_candidates())
     }
 
-    /// The process-wide driver, loaded once ([`Driver::load`]).
+    /// The process-wide driver ([`Driver::load`]). A success is kept for the life of the
+    /// process; a failure is not, so a long-running agent picks up a driver installed later.
     pub fn shared() -> Result<Arc<Self>, GpuError> {
-        static DRIVER: OnceLock<Result<Arc<Driver>, GpuError>> = OnceLock::new();
-        DRIVER.get_or_init(|| Self::load().map(Arc::new)).clone()
+        static DRIVER: Mutex<Option<Arc<Driver>>> = Mutex::new(None);
+        let mut slot = DRIVER.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = slot.as_ref() {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Self::load()?);
+        *slot = Some(d.clone());
+        Ok(d)
     }
 
     /// As [`Driver::load`], from the given candidate paths.
