@@ -142,6 +142,7 @@ leftovers() {
   ip link show stasis0 >/dev/null 2>&1 && { echo "# bridge left"; bad=1; }
   grep -q stasis-cluster /proc/self/mountinfo && { echo "# mounts left"; bad=1; }
   ls -d /sys/fs/cgroup/*/stasis-cluster 2>/dev/null | grep -q . && { echo "# cgroups left"; bad=1; }
+  ls /run/netns/cni-* >/dev/null 2>&1 && { echo "# pod netns files left in /run/netns"; bad=1; }
   local z; z=$(ps -eo stat=,comm= | awk '$1 ~ /^Z/ && $2 ~ /^(containerd|containerd-shim|kubelet|kube-|etcd|coredns|s3s-fs|pause|testapp|supervisor|runc)/')
   [ -n "$z" ] && { echo "# zombies left: $z"; bad=1; }
   local p; p=$(ps -eo pid=,args= | grep -E '/stasis/platform/|testapp serve|/pause$' | grep -v grep)
@@ -174,8 +175,16 @@ check "up without runc fails" test $rc -ne 0
 check "... naming the tool and the fix" bash -c "grep -q 'runc' <<<\"\$1\" && grep -q 'apt-get install -y runc' <<<\"\$1\"" _ "$out"
 echo "# message: $(grep error <<<"$out")"
 
-# a stale state dir from a killed run: kill `up` half way, then `up` must recover by itself
-timeout -s KILL 20 "$CLUSTER" up >/dev/null 2>&1
+# a stale state dir from a killed run: kill `up` half way (SIGKILL to its process group once the
+# supervisor runs), then the supervisor too, leaving orphaned daemons, namespaces, mounts, cgroups;
+# `up` must recover by itself
+setsid "$CLUSTER" up >/dev/null 2>&1 &
+UP_PID=$!
+retry 120 test -S /var/lib/stasis-cluster/supervisor/supervisor.sock
+sleep 1
+kill -9 -- -"$UP_PID" 2>/dev/null; wait "$UP_PID" 2>/dev/null
+kill -9 "$(cat /var/lib/stasis-cluster/supervisor/supervisor.pid 2>/dev/null)" 2>/dev/null
+sleep 1
 t=$(date +%s.%N)
 out=$("$CLUSTER" up 2>&1); rc=$?
 echo "$out" | sed 's/^/# /'

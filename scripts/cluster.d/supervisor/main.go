@@ -374,20 +374,32 @@ func (s *supervisor) names(prefix string, reverse bool) []string {
 	return out
 }
 
-func (s *supervisor) shutdown(ln net.Listener) {
+func (s *supervisor) shutdown(ln net.Listener, killRoots ...string) {
 	for _, n := range s.names("", true) {
 		if err := s.stop(n, 10*time.Second); err != nil {
 			s.log("stop %s: %v", n, err)
 		}
 	}
+	// kill what is left in the given cgroups (shims, containers) while we still reap them
+	if len(killRoots) > 0 {
+		if err := cgKill(killRoots); err != nil {
+			s.log("shutdown: %v", err)
+		}
+	}
 	s.log("supervisor shutting down")
 	ln.Close()
 	os.Remove(filepath.Join(s.dir, "supervisor.sock"))
-	// reap whatever is still around
-	deadline := time.Now().Add(3 * time.Second)
+	// reap every child (orphans were reparented to us) until none is left
+	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		s.reap()
-		time.Sleep(100 * time.Millisecond)
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.ECHILD {
+			break
+		}
+		if pid <= 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	os.Exit(0)
 }
@@ -438,10 +450,10 @@ func (s *supervisor) handle(c net.Conn, ln net.Listener) {
 		err := cgKill(f[2:])
 		s.log("kill-node %s: %v", arg(1), err)
 		reply(err, "")
-	case "shutdown":
+	case "shutdown": // shutdown [CGROUP...]: stop all services, kill what is left in the cgroups
 		reply(nil, "")
 		c.Close()
-		s.shutdown(ln)
+		s.shutdown(ln, f[1:]...)
 	default:
 		reply(fmt.Errorf("unknown command %q", f[0]), "")
 	}
