@@ -218,8 +218,54 @@ pub fn resume_restored_with(
     stasis_gpu::resume_restored(api, pids, uuid_remap.unwrap_or(&[]))
 }
 
+/// After CRIU restored a tree rooted at `root`: [`resume_restored`] for every process of the
+/// tree the driver knows as a CUDA process. For containers, whose host pids change on restore,
+/// and whenever the recorded pids are not at hand. `expected` is the number of CUDA processes the
+/// checkpoint had ([`SuspendedGpu::pids`]`.len()`): fewer found, or none because there is no
+/// driver, is an error rather than a process left hanging in a CUDA call.
+pub fn resume_restored_tree(
+    root: i32,
+    expected: usize,
+    uuid_remap: Option<&[GpuPair]>,
+) -> Result<PhaseTimings, CudaError> {
+    if expected == 0 {
+        return Ok(PhaseTimings::default());
+    }
+    let driver = Driver::shared()?;
+    resume_restored_tree_with(
+        driver.as_ref(),
+        &Procfs::default(),
+        root,
+        expected,
+        uuid_remap,
+    )
+}
+
+/// [`resume_restored_tree`] against any [`CheckpointApi`] and `/proc`.
+pub fn resume_restored_tree_with(
+    api: &dyn CheckpointApi,
+    procfs: &Procfs,
+    root: i32,
+    expected: usize,
+    uuid_remap: Option<&[GpuPair]>,
+) -> Result<PhaseTimings, CudaError> {
+    let pids: Vec<i32> = detect::process_tree(procfs, root)
+        .into_iter()
+        .filter(|&p| api.state(p).is_ok())
+        .collect();
+    let timings = resume_restored_with(api, &pids, uuid_remap)?;
+    if pids.len() < expected {
+        return Err(CudaError::Unsupported(format!(
+            "the checkpoint had {expected} CUDA processes, the restored tree of pid {root} has {}",
+            pids.len()
+        )));
+    }
+    Ok(timings)
+}
+
 /// UUID pairs to restore a checkpoint recorded on `recorded` onto this node's `node` GPUs:
 /// `None` when they are the same GPUs; an error when the node cannot take it (driver < r580).
+/// For a pod, give both fingerprints with the pod's allocated GPUs only, not the whole node's.
 pub fn remap_for(
     recorded: &GpuFingerprint,
     node: &GpuFingerprint,
@@ -376,6 +422,27 @@ mod tests {
         };
         assert!(dump().is_err());
         assert_eq!(sim.state_of(2), Some(ProcessState::Running));
+    }
+
+    #[test]
+    fn restore_of_a_tree_finds_its_cuda_processes_and_counts_them() {
+        let t = tempfile::tempdir().unwrap();
+        for (pid, kids) in [(1, "5 6"), (5, ""), (6, "")] {
+            let d = t.path().join(format!("{pid}/task/{pid}"));
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("children"), kids).unwrap();
+        }
+        let sim = SimDriver::with_processes(&[5]);
+        sim.set_state(5, ProcessState::Checkpointed);
+        let p = proc_at(t.path());
+        resume_restored_tree_with(&sim, &p, 1, 1, None).unwrap();
+        assert_eq!(sim.state_of(5), Some(ProcessState::Running));
+        let e = resume_restored_tree_with(&sim, &p, 1, 2, None).unwrap_err();
+        assert!(e.to_string().contains("had 2 CUDA processes"), "{e}");
+        assert_eq!(
+            resume_restored_tree(1, 0, None).unwrap(),
+            PhaseTimings::default()
+        );
     }
 
     #[test]
