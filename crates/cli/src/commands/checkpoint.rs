@@ -12,7 +12,7 @@ use stasis_engine::image::ImageDir;
 use stasis_engine::node;
 use stasis_engine::runc::Runc;
 
-use super::{now_millis, open_store, runtime, ScratchDir};
+use super::{peak_rss_bytes, now_millis, open_store, runtime, ScratchDir};
 use crate::args::{CheckpointCmd, CheckpointCommon};
 use crate::output::{self, bytes};
 use crate::progress::Bars;
@@ -25,6 +25,8 @@ struct Report {
     leave_running: bool,
     timings: stasis_core::Timings,
     stats: stasis_core::StoreStats,
+    /// Peak resident memory of this stasis process.
+    peak_rss_bytes: u64,
 }
 
 pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
@@ -85,6 +87,7 @@ pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
         leave_running,
         timings: manifest.timings,
         stats: manifest.stats,
+        peak_rss_bytes: peak_rss_bytes(),
     };
     output::emit(&report, || {
         if output::json_mode() {

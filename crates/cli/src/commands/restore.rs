@@ -13,7 +13,7 @@ use stasis_engine::restore::{self, ContainerRestore};
 use stasis_engine::runc::Runc;
 use stasis_engine::{node, EngineError};
 
-use super::{open_store, runtime, ScratchDir};
+use super::{peak_rss_bytes, open_store, runtime, ScratchDir};
 use crate::args::RestoreArgs;
 use crate::output::{self, bytes};
 use crate::progress::Bars;
@@ -27,6 +27,8 @@ struct Report {
     restore_ms: u64,
     total_ms: u64,
     bytes: u64,
+    /// Peak resident memory of this stasis process.
+    peak_rss_bytes: u64,
 }
 
 pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
@@ -111,6 +113,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         restore_ms,
         total_ms: started.elapsed().as_millis() as u64,
         bytes: manifest.logical_bytes(),
+        peak_rss_bytes: peak_rss_bytes(),
     };
     output::emit(&report, || {
         format!(
