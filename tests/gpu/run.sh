@@ -103,9 +103,28 @@ meta gib "$GIB"
 # ---------------------------------------------------------------------------------------------
 say "== probe"
 bin() { # the carried binary, else a local release build
-  if [[ -x $DIST/bin/$1 ]]; then echo "$DIST/bin/$1"
-  elif [[ -x $ROOT/target/release/$1 ]]; then echo "$ROOT/target/release/$1"
+  local b=""
+  if [[ -x $DIST/bin/$1 ]]; then b=$DIST/bin/$1
+  elif [[ -x $ROOT/target/release/$1 ]]; then b=$ROOT/target/release/$1
   fi
+  [[ -n $b ]] || return 0
+  # Built on another image: if this one's glibc is too old, run it with the carried CRIU
+  # prefix's loader and libc (newer, and backward compatible).
+  if "$b" --help >/dev/null 2>"$WORK/ld.err" || ! grep -q 'GLIBC_' "$WORK/ld.err"; then
+    echo "$b"
+    return 0
+  fi
+  local ld
+  ld=$(find "$DIST/criu" -name ld-linux-x86-64.so.2 -path '*/lib/*' 2>/dev/null | head -n1)
+  if [[ -z $ld ]]; then
+    echo "$1 needs a newer glibc than this machine has: $(head -n1 "$WORK/ld.err")" >&2
+    return 0
+  fi
+  mkdir -p "$WORK/bin"
+  printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$ld" "$(dirname "$ld")" "$b" >"$WORK/bin/$1"
+  chmod 755 "$WORK/bin/$1"
+  echo "$1: this machine's glibc is too old; running it with the carried loader" >&2
+  echo "$WORK/bin/$1"
 }
 RT=$(bin stasis-gpu-roundtrip)
 STASIS=$(bin stasis)
