@@ -118,6 +118,10 @@ pub struct Manifest {
     pub timings: Timings,
     pub stats: StoreStats,
     pub files: Vec<FileEntry>,
+    /// How many processes held a CUDA context and were checkpointed through the driver API
+    /// (their GPU memory is in the CRIU images); a restore resumes that many.
+    #[serde(default)]
+    pub gpu_processes: u32,
     /// Free-form labels (lineage, generation, pod, reason...).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -235,6 +239,7 @@ mod tests {
                     },
                 ],
             }],
+            gpu_processes: 0,
             labels: BTreeMap::new(),
         }
     }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use stasis_core::manifest::{ProcessInfo, RootfsCapture, Source, Timings};
 use tracing::{info, warn};
 
+use crate::cuda;
 use crate::error::EngineError;
 use crate::image::ImageDir;
 use crate::proctree;
@@ -33,6 +34,10 @@ pub struct Captured {
     /// Whether a restore needs runc (container checkpoints).
     pub needs_runc: bool,
     pub leave_running: bool,
+    /// The GPUs, when CUDA processes were checkpointed (then a restore needs matching GPUs).
+    pub gpu: Option<stasis_core::gpu::GpuFingerprint>,
+    /// How many CUDA processes were checkpointed through the driver API.
+    pub gpu_processes: u32,
 }
 
 /// A container checkpoint request.
@@ -81,6 +86,12 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     });
     mkdir(&req.image.criu())?;
 
+    // GPU first (DESIGN §7): lock and checkpoint every CUDA process while it still runs (the
+    // driver needs it to); its device memory moves to host memory, which CRIU then dumps. The
+    // suspension restores and unlocks on drop, so an error below never leaves a process locked.
+    let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
+    let gpu = cuda::suspend(&pids, cuda::DEFAULT_LOCK_TIMEOUT)?;
+
     let was_paused = state.status == "paused";
     let freeze = Instant::now();
     if !was_paused {
@@ -121,6 +132,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
         guard.disarm();
     }
     let frozen_ms = ms(freeze);
+    let (gpu_fp, gpu_processes) = finish_gpu(gpu, req.leave_running)?;
     info!(
         container = req.id,
         frozen_ms, dump_ms, rootfs_ms, "container checkpointed"
@@ -140,7 +152,27 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
         image_digest,
         needs_runc: true,
         leave_running: req.leave_running,
+        gpu: gpu_fp,
+        gpu_processes,
     })
+}
+
+/// After the dump: leave-running resumes the GPU processes (restore, unlock); stop mode drops
+/// the suspension (the processes are gone). Returns the GPU fingerprint to record and the count.
+fn finish_gpu(
+    gpu: Option<cuda::SuspendedGpu>,
+    leave_running: bool,
+) -> Result<(Option<stasis_core::gpu::GpuFingerprint>, u32), EngineError> {
+    let Some(gpu) = gpu else {
+        return Ok((None, 0));
+    };
+    let n = gpu.pids().len() as u32;
+    if leave_running {
+        gpu.resume()?;
+    } else {
+        gpu.discard();
+    }
+    Ok((cuda::gpu_fingerprint(), n))
 }
 
 /// Resumes a container this checkpoint paused, whatever happens to the checkpoint.
@@ -298,6 +330,8 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
     std::fs::write(&info_path, serde_json::to_vec(&info).unwrap_or_default())
         .map_err(EngineError::io(&info_path))?;
 
+    let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
+    let gpu = cuda::suspend(&pids, cuda::DEFAULT_LOCK_TIMEOUT)?;
     let dir_fd = open_dir_inheritable(&dir)?;
     let mut criu = rust_criu::Criu::new_with_criu_path(criu_path.display().to_string())
         .map_err(|e| criu_failed("criu dump", e, None))?;
@@ -319,7 +353,11 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         )
     })?;
     let dump_ms = ms(t);
-    info!(pid = req.pid, dump_ms, "process tree checkpointed");
+    let (gpu_fp, gpu_processes) = finish_gpu(gpu, req.leave_running)?;
+    info!(
+        pid = req.pid,
+        dump_ms, gpu_processes, "process tree checkpointed"
+    );
     Ok(Captured {
         source: Source::Process { pid: req.pid },
         processes,
@@ -332,6 +370,8 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         image_digest: None,
         needs_runc: false,
         leave_running: req.leave_running,
+        gpu: gpu_fp,
+        gpu_processes,
     })
 }
 

@@ -52,6 +52,9 @@ pub enum EngineError {
     #[error("another checkpoint of {what} is in progress; try again when it has finished")]
     Busy { what: String },
 
+    #[error("GPU: {0}")]
+    Cuda(#[from] crate::cuda::CudaError),
+
     #[error("filesystem capture failed: {0}")]
     Rootfs(String),
 }

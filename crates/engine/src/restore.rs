@@ -30,6 +30,33 @@ pub struct ContainerRestore<'a> {
     pub tcp_established: bool,
     /// Where the restored container's stdout and stderr go (appended).
     pub stdio_log: Option<&'a Path>,
+    /// GPU state to resume after CRIU's restore, when the checkpoint has any.
+    pub gpu: Option<GpuRestore<'a>>,
+}
+
+/// What the checkpoint recorded about its CUDA processes.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuRestore<'a> {
+    /// How many CUDA processes were checkpointed.
+    pub processes: u32,
+    /// The GPUs they ran on.
+    pub recorded: &'a stasis_core::gpu::GpuFingerprint,
+}
+
+/// After CRIU restored a tree rooted at `root`: restore the GPU state of its CUDA processes (onto
+/// this node's GPUs, remapping UUIDs when they differ) and unlock them (DESIGN §7).
+fn resume_gpu(root: i32, gpu: Option<GpuRestore<'_>>) -> Result<(), EngineError> {
+    let Some(g) = gpu.filter(|g| g.processes > 0) else {
+        return Ok(());
+    };
+    let node = crate::cuda::gpu_fingerprint().ok_or_else(|| {
+        crate::cuda::CudaError::NoDriver(
+            "the checkpoint holds GPU state and this node has no NVIDIA driver".into(),
+        )
+    })?;
+    let remap = crate::cuda::remap_for(g.recorded, &node)?;
+    crate::cuda::resume_restored_tree(root, g.processes as usize, remap.as_deref())?;
+    Ok(())
 }
 
 /// The parts of a bundle's `config.json` a restore reads.
@@ -124,7 +151,8 @@ pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError>
     let restored = req
         .runc
         .restore(req.new_id, &opts, stdio.as_ref())
-        .and_then(|()| read_pid(&pid_file));
+        .and_then(|()| read_pid(&pid_file))
+        .and_then(|pid| resume_gpu(pid, req.gpu).map(|()| pid));
     let pid = match restored {
         Ok(pid) => pid,
         Err(e) => {
@@ -189,7 +217,11 @@ fn read_pid(p: &Path) -> Result<i32, EngineError> {
 ///
 /// `stdio_log`: a file that takes the place of the original stdout/stderr (when they were pipes or
 /// files), appended to.
-pub fn restore_process(image: &ImageDir, stdio_log: Option<&Path>) -> Result<i32, EngineError> {
+pub fn restore_process(
+    image: &ImageDir,
+    stdio_log: Option<&Path>,
+    gpu: Option<GpuRestore<'_>>,
+) -> Result<i32, EngineError> {
     let (criu_path, _) = tools::criu_checked()?;
     let dir = image.criu();
     let info_path = dir.join(PROCESS_INFO_FILE);
@@ -235,6 +267,14 @@ pub fn restore_process(image: &ImageDir, stdio_log: Option<&Path>) -> Result<i32
     criu.set_ext_unix_sk(true);
     criu.restore()
         .map_err(|e| criu_failed("criu restore", e, Some(image.criu_log("restore"))))?;
+    if let Err(e) = resume_gpu(info.root_pid, gpu) {
+        // A process left waiting for GPU state it will never get is worse than none.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(info.root_pid),
+            nix::sys::signal::SIGKILL,
+        );
+        return Err(e);
+    }
     info!(pid = info.root_pid, "process tree restored");
     Ok(info.root_pid)
 }

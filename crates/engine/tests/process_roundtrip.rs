@@ -98,7 +98,7 @@ fn process_tree_checkpoint_kill_restore_continues() {
     child.wait().unwrap();
     reap_orphans();
 
-    let restored = restore_process(&image, None).unwrap();
+    let restored = restore_process(&image, None, None).unwrap();
     assert_eq!(
         restored, pid,
         "a process tree restores with its original pid"

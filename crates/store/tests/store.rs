@@ -53,6 +53,7 @@ fn draft(workload: &str) -> Manifest {
         timings: Timings::default(),
         stats: StoreStats::default(),
         files: vec![],
+        gpu_processes: 0,
         labels: BTreeMap::new(),
     }
 }

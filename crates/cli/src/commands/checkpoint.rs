@@ -6,13 +6,15 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
-use stasis_core::{CheckpointId, Manifest, Requirements, WorkloadName, SCHEMA_VERSION};
+use stasis_core::{
+    CheckpointId, Manifest, NodeFingerprint, Requirements, WorkloadName, SCHEMA_VERSION,
+};
 use stasis_engine::checkpoint::{self, Captured, ContainerCheckpoint, ProcessCheckpoint};
 use stasis_engine::image::ImageDir;
 use stasis_engine::node;
 use stasis_engine::runc::Runc;
 
-use super::{peak_rss_bytes, now_millis, open_store, runtime, ScratchDir};
+use super::{now_millis, open_store, peak_rss_bytes, runtime, ScratchDir};
 use crate::args::{CheckpointCmd, CheckpointCommon};
 use crate::output::{self, bytes};
 use crate::progress::Bars;
@@ -121,7 +123,12 @@ fn draft_manifest(workload: WorkloadName, common: &CheckpointCommon, c: Captured
         source: c.source,
         leave_running: c.leave_running,
         requirements: Requirements {
-            node: node::fingerprint(),
+            // The GPUs only when CUDA processes were checkpointed: a CPU-only checkpoint made on
+            // a GPU node must still restore on a node without those GPUs.
+            node: NodeFingerprint {
+                gpu: c.gpu,
+                ..node::fingerprint()
+            },
             needs_runc: c.needs_runc,
             image_digest: c.image_digest,
             declared,
@@ -131,6 +138,7 @@ fn draft_manifest(workload: WorkloadName, common: &CheckpointCommon, c: Captured
         timings: c.timings,
         stats: Default::default(),
         files: Vec::new(),
+        gpu_processes: c.gpu_processes,
         labels: common.labels.iter().cloned().collect(),
     }
 }

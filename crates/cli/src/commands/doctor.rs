@@ -218,7 +218,15 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn gpu_check() -> Result<String, (String, String)> {
-    Err(("no NVIDIA driver (libcuda.so.1 not found): GPU state cannot be checkpointed on this machine".into(), "only needed for GPU workloads: install the NVIDIA driver >= 570".into()))
+    let probe = stasis_engine::cuda::probe();
+    if probe.ready() {
+        Ok(probe.summary())
+    } else {
+        Err((
+            probe.summary(),
+            "only needed for GPU workloads: an NVIDIA driver >= 570 (r580 to restore onto other GPUs), persistence mode on".into(),
+        ))
+    }
 }
 
 fn nix_is_root() -> bool {

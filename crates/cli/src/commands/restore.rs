@@ -13,7 +13,7 @@ use stasis_engine::restore::{self, ContainerRestore};
 use stasis_engine::runc::Runc;
 use stasis_engine::{node, EngineError};
 
-use super::{peak_rss_bytes, open_store, runtime, ScratchDir};
+use super::{open_store, peak_rss_bytes, runtime, ScratchDir};
 use crate::args::RestoreArgs;
 use crate::output::{self, bytes};
 use crate::progress::Bars;
@@ -79,8 +79,17 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let t = Instant::now();
     let spinner = bars.spinner("restoring");
     let tcp = !args.no_tcp_established;
+    let gpu = manifest
+        .requirements
+        .node
+        .gpu
+        .as_ref()
+        .map(|recorded| restore::GpuRestore {
+            processes: manifest.gpu_processes,
+            recorded,
+        });
     let (restored_as, pid) = if args.process {
-        let pid = restore::restore_process(&image, args.log.as_deref())?;
+        let pid = restore::restore_process(&image, args.log.as_deref(), gpu)?;
         (format!("pid {pid}"), pid)
     } else {
         let (Some(bundle), Some(new_id)) = (&args.bundle, &args.container_id) else {
@@ -99,6 +108,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
             tcp_established: tcp,
             stdio_log: Some(&log),
+            gpu,
         })?;
         (format!("container {new_id}"), pid)
     };
