@@ -106,6 +106,79 @@ VAL="written on worker-1 at $(date +%s)"
 check "S3 PUT from a pod on worker-1" kubectl -n "$NS" exec "$P1" -- /testapp s3put "$STASIS_S3_BUCKET" "$KEY" "$VAL"
 check "S3 GET of that object from a pod on worker-2" test "$(kubectl -n "$NS" exec target -- /testapp s3get "$STASIS_S3_BUCKET" "$KEY" 2>&1)" = "$VAL"
 
+# ------------------------------------------------------------------ node root, containerd drop-in, restart
+# what the chart's node installer does: write into the node's / through hostPath volumes, register
+# a runtime handler with a containerd drop-in, ask for a containerd restart
+R1=$("$CLUSTER" node-root worker-1) R2=$("$CLUSTER" node-root worker-2)
+kubectl -n "$NS" apply -f - >/dev/null <<'EOF2'
+apiVersion: v1
+kind: Pod
+metadata: {name: installer}
+spec:
+  nodeSelector: {kubernetes.io/hostname: worker-1}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: installer
+    image: stasis.local/testapp:dev
+    imagePullPolicy: Never
+    command: [/testapp, sleep]
+    volumeMounts:
+    - {name: opt, mountPath: /host/opt/stasis}
+    - {name: run, mountPath: /host/run/stasis}
+  volumes:
+  - {name: opt, hostPath: {path: /opt/stasis, type: DirectoryOrCreate}}
+  - {name: run, hostPath: {path: /run/stasis, type: DirectoryOrCreate}}
+EOF2
+check "installer pod Running on worker-1" kubectl -n "$NS" wait --for=condition=Ready pod/installer --timeout=120s
+MARK="e2e-$RANDOM"
+kubectl -n "$NS" exec installer -- /testapp write /host/opt/stasis/marker "$MARK" >/dev/null
+check "a hostPath write lands in worker-1's node root" test "$(cat "$R1/opt/stasis/marker" 2>/dev/null)" = "$MARK"
+check "... and not on the host or worker-2" bash -c "! grep -qs '$MARK' /opt/stasis/marker '$R2/opt/stasis/marker'"
+mkdir -p "$R1/opt/stasis/bin" "$R1/etc/containerd/conf.d"
+printf '#!/bin/sh\necho "$*" >> /var/lib/stasis/e2e-runc.log\nexec %s "$@"\n' "$(command -v runc)" > "$R1/opt/stasis/bin/e2e-runc"
+chmod +x "$R1/opt/stasis/bin/e2e-runc"
+cat > "$R1/etc/containerd/conf.d/e2e-runc.toml" <<'EOF2'
+version = 3
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.e2e-runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.e2e-runc.options]
+    BinaryName = "/opt/stasis/bin/e2e-runc"
+EOF2
+OLD_PID=$(cat "$R1/run/containerd/containerd.pid")
+kubectl -n "$NS" exec installer -- /testapp write /host/run/stasis/restart-containerd now >/dev/null
+check "a pod's request restarts worker-1's containerd" retry 60 bash -c "test \"\$(cat '$R1/run/containerd/containerd.pid')\" != '$OLD_PID' && test ! -e '$R1/run/stasis/restart-containerd'"
+check "running pods survive the containerd restart" retry 30 kubectl -n "$NS" exec "$P1" -- /testapp hostname
+kubectl apply -f - >/dev/null <<'EOF2'
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: e2e-runc}
+handler: e2e-runc
+EOF2
+kubectl -n "$NS" apply -f - >/dev/null <<'EOF2'
+apiVersion: v1
+kind: Pod
+metadata: {name: handler}
+spec:
+  runtimeClassName: e2e-runc
+  nodeSelector: {kubernetes.io/hostname: worker-1}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: handler, image: stasis.local/testapp:dev, imagePullPolicy: Never}
+EOF2
+check "a pod of the runtime handler registered by the drop-in runs" kubectl -n "$NS" wait --for=condition=Ready pod/handler --timeout=120s
+check "... through the handler's binary in the node root" grep -qs ' create ' "$R1/var/lib/stasis/e2e-runc.log"
+kubectl -n "$NS" delete pod installer handler --wait=false >/dev/null 2>&1
+
+# ------------------------------------------------------------------ helm
+CHART=$(mktemp -d)
+mkdir -p "$CHART/templates"
+printf 'apiVersion: v2\nname: e2e\nversion: 0.1.0\n' > "$CHART/Chart.yaml"
+printf 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: e2e-helm}\ndata: {k: v}\n' > "$CHART/templates/cm.yaml"
+check "helm install" helm install e2e "$CHART" -n "$NS" --wait --timeout 60s
+check "... created its objects" kubectl -n "$NS" get configmap e2e-helm
+check "helm uninstall" helm uninstall e2e -n "$NS"
+rm -rf "$CHART"
+
 # ------------------------------------------------------------------ drain
 kubectl -n "$NS" delete pod target --wait=false >/dev/null
 t=$(date +%s.%N)

@@ -5,6 +5,8 @@
 //	testapp hostname                print the hostname
 //	testapp s3put BUCKET KEY VALUE  PUT an object (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
 //	testapp s3get BUCKET KEY        GET an object  AWS_SECRET_ACCESS_KEY; SigV4, path style)
+//	testapp write PATH CONTENT      write a file (creating its directory)
+//	testapp cat PATH                print a file
 //	testapp sleep                   sleep forever
 package main
 
@@ -18,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -53,6 +56,13 @@ func main() {
 		fmt.Println("ok")
 	case "s3get":
 		fmt.Print(string(s3(http.MethodGet, os.Args[2], os.Args[3], nil)))
+	case "write":
+		check(os.MkdirAll(filepath.Dir(os.Args[2]), 0o755))
+		check(os.WriteFile(os.Args[2], []byte(os.Args[3]), 0o644))
+	case "cat":
+		b, err := os.ReadFile(os.Args[2])
+		check(err)
+		fmt.Print(string(b))
 	case "sleep":
 		waitSignal()
 	default:
