@@ -3,9 +3,15 @@
 //! ## Chunk boundaries
 //!
 //! FastCDC 2020 (the `fastcdc` crate's `v2020` cut function and gear table, normalisation
-//! level 1) with min 256 KiB / average 1 MiB / max 4 MiB. Files up to 256 KiB are one chunk; an
-//! empty file has none. The streaming driver here reads 16 MiB blocks and finds the same cut points
-//! as `fastcdc::v2020::StreamCDC`, without its per-chunk buffer shuffling.
+//! level 1) with min 512 KiB / average 1 MiB / max 4 MiB (chunks average about 1.3 MiB). Files
+//! up to 512 KiB are one chunk; an empty file has none.
+//!
+//! Files are first split into 64 MiB segments at fixed offsets, and each segment is chunked on
+//! its own (a chunk never spans a segment boundary), so several threads can chunk one large
+//! memory image at once. Within a segment the cut points are exactly those of
+//! `fastcdc::v2020::StreamCDC`; the streaming driver here reads 16 MiB blocks without
+//! `StreamCDC`'s per-chunk buffer shuffling. Data that shifts (an insertion) resynchronises
+//! within a chunk or two as usual, plus at most one extra chunk per segment.
 //!
 //! ## Chunk object
 //!
@@ -34,7 +40,9 @@ use ring::aead;
 
 use crate::key::Key;
 
-pub const MIN_CHUNK: usize = 256 << 10;
+pub const MIN_CHUNK: usize = 512 << 10;
+/// Files are chunked in independent segments of this size (see the module docs).
+pub const SEGMENT: u64 = 64 << 20;
 pub const AVG_CHUNK: usize = 1 << 20;
 pub const MAX_CHUNK: usize = 4 << 20;
 
@@ -63,7 +71,80 @@ pub(crate) struct Chunker {
     buf: Vec<u8>,
     start: usize,
     end: usize,
-    masks: (u64, u64, u64, u64),
+    gear: Gear,
+}
+
+/// The FastCDC 2020 gear tables and masks for our sizes.
+pub(crate) struct Gear {
+    gear: Box<[u64; 256]>,
+    gear_ls: Box<[u64; 256]>,
+    mask_s: u64,
+    mask_l: u64,
+    mask_s_ls: u64,
+    mask_l_ls: u64,
+}
+
+impl Gear {
+    pub(crate) fn new() -> Self {
+        let (mask_s, mask_l, mask_s_ls, mask_l_ls) = masks();
+        let (gear, gear_ls) = fastcdc::v2020::get_gear_with_seed(0);
+        Gear {
+            gear,
+            gear_ls,
+            mask_s,
+            mask_l,
+            mask_s_ls,
+            mask_l_ls,
+        }
+    }
+
+    /// The length of the next chunk of `src`: exactly `fastcdc::v2020::cut`, written so the
+    /// compiler drops the bounds checks from the inner loop (about 1.5x faster).
+    pub(crate) fn cut(&self, src: &[u8]) -> usize {
+        let mut remaining = src.len();
+        if remaining <= MIN_CHUNK {
+            return remaining;
+        }
+        let mut center = AVG_CHUNK;
+        if remaining > MAX_CHUNK {
+            remaining = MAX_CHUNK;
+        } else if remaining < center {
+            center = remaining;
+        }
+        let (gear, gear_ls) = (&*self.gear, &*self.gear_ls);
+        let mut hash: u64 = 0;
+        let start = (MIN_CHUNK / 2) * 2;
+        let end1 = (center / 2) * 2;
+        if start < end1 {
+            let (ms_ls, ms) = (self.mask_s_ls, self.mask_s);
+            for (k, pair) in src[start..end1].chunks_exact(2).enumerate() {
+                hash = (hash << 2).wrapping_add(gear_ls[pair[0] as usize]);
+                if hash & ms_ls == 0 {
+                    return start + 2 * k;
+                }
+                hash = hash.wrapping_add(gear[pair[1] as usize]);
+                if hash & ms == 0 {
+                    return start + 2 * k + 1;
+                }
+            }
+        }
+        let s2 = start.max(end1);
+        let end2 = (remaining / 2) * 2;
+        if s2 < end2 {
+            let (ml_ls, ml) = (self.mask_l_ls, self.mask_l);
+            for (k, pair) in src[s2..end2].chunks_exact(2).enumerate() {
+                hash = (hash << 2).wrapping_add(gear_ls[pair[0] as usize]);
+                if hash & ml_ls == 0 {
+                    return s2 + 2 * k;
+                }
+                hash = hash.wrapping_add(gear[pair[1] as usize]);
+                if hash & ml == 0 {
+                    return s2 + 2 * k + 1;
+                }
+            }
+        }
+        remaining
+    }
 }
 
 impl Chunker {
@@ -72,7 +153,7 @@ impl Chunker {
             buf: vec![0u8; READ_BLOCK],
             start: 0,
             end: 0,
-            masks: masks(),
+            gear: Gear::new(),
         }
     }
 
@@ -87,7 +168,6 @@ impl Chunker {
         self.end = 0;
         let mut eof = false;
         let mut offset = 0u64;
-        let (ms, ml, msl, mll) = self.masks;
         loop {
             if !eof && self.end - self.start < MAX_CHUNK {
                 self.buf.copy_within(self.start..self.end, 0);
@@ -108,16 +188,7 @@ impl Chunker {
             if self.start == self.end {
                 return Ok(());
             }
-            let (_, cut) = fastcdc::v2020::cut(
-                &self.buf[self.start..self.end],
-                MIN_CHUNK,
-                AVG_CHUNK,
-                MAX_CHUNK,
-                ms,
-                ml,
-                msl,
-                mll,
-            );
+            let cut = self.gear.cut(&self.buf[self.start..self.end]);
             let cut = cut.max(1).min(self.end - self.start);
             let mut out = Vec::with_capacity(HEADER_LEN + cut + TAG_LEN);
             out.resize(HEADER_LEN, 0);
@@ -306,6 +377,38 @@ mod tests {
             })
             .unwrap();
         v
+    }
+
+    #[test]
+    fn fast_cut_equals_fastcdc_cut() {
+        let g = Gear::new();
+        let (ms, ml, msl, mll) = masks();
+        let data = pseudo_random(12 << 20, 11);
+        let mut zeros_then_random = vec![0u8; 700_000];
+        zeros_then_random.extend_from_slice(&data[..3 << 20]);
+        for src in [&data[..], &zeros_then_random[..], &vec![0u8; 5 << 20][..]] {
+            for len in [
+                0,
+                1,
+                100,
+                MIN_CHUNK,
+                MIN_CHUNK + 1,
+                600_001,
+                AVG_CHUNK + 3,
+                3 << 20,
+                src.len(),
+            ] {
+                for off in [0usize, 1, 77_777] {
+                    if off + len > src.len() {
+                        continue;
+                    }
+                    let s = &src[off..off + len];
+                    let (_, want) =
+                        fastcdc::v2020::cut(s, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK, ms, ml, msl, mll);
+                    assert_eq!(g.cut(s), want, "len {len} off {off}");
+                }
+            }
+        }
     }
 
     #[test]

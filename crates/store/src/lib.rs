@@ -1,9 +1,9 @@
 //! stasis-store: checkpoint archives in an object store (DESIGN §6).
 //!
 //! A checkpoint is a directory of files (CRIU images, the rootfs diff, small JSON files). The
-//! store cuts every file into content-defined chunks (FastCDC, min 256 KiB / avg 1 MiB / max
-//! 4 MiB), addresses each chunk by keyed BLAKE3 of its plaintext, compresses it (zstd level 1,
-//! unless it does not shrink), encrypts it (AES-256-GCM, random nonce, chunk id as associated
+//! store cuts every file into content-defined chunks (FastCDC, min 512 KiB / avg 1 MiB / max
+//! 4 MiB, in 64 MiB segments), addresses each chunk by keyed BLAKE3 of its plaintext, compresses
+//! it (zstd level 1, unless it does not shrink), encrypts it (AES-256-GCM, random nonce, chunk id as associated
 //! data), uploads the chunks the store does not have yet, and publishes a MAC-authenticated
 //! manifest last, atomically. A manifest that can be read therefore describes a complete
 //! checkpoint; a checkpoint whose manifest is missing does not exist. See [`chunk`] for the chunk
@@ -58,11 +58,12 @@
 //!
 //! ## Pipeline
 //!
-//! Put: one chunker thread reads each file with 16 MiB reads and cuts chunks; hashing,
-//! compression and encryption run on tokio's blocking pool (at most `cpu_workers` at once), and
-//! up to `concurrency` chunks are in flight (uploading included), so memory stays bounded
-//! (about `(concurrency + 4) × 2 × 4 MiB + 16 MiB` at worst) whatever the image size. Get:
-//! `concurrency` chunk downloads in flight, each decrypted, decompressed, verified and written
+//! Put: chunker threads (one per CPU, at most 4) take 64 MiB segments of the files in turn,
+//! read them with 16 MiB reads and cut chunks; hashing, compression and encryption run on
+//! tokio's blocking pool (at most `cpu_workers` at once), and up to `concurrency` chunks are in
+//! flight (uploading included), so memory stays bounded (about
+//! `(concurrency + 4) × 2 × 4 MiB + chunkers × 16 MiB` at worst) whatever the image size.
+//! Get: `concurrency` chunk downloads in flight, each decrypted, decompressed, verified and written
 //! with a positioned write into the pre-sized file.
 //!
 //! The library never starts a tokio runtime: call it from one (multi-threaded for

@@ -182,17 +182,39 @@ struct SourceFile {
     rel: String,
     abs: PathBuf,
     mode: u32,
+    size: u64,
 }
 
-/// One chunk on its way from the chunker.
+/// Reads `[pos, end)` of a file with positioned reads (several threads share one file).
+struct SegmentReader<'a> {
+    file: &'a std::fs::File,
+    pos: u64,
+    end: u64,
+}
+
+impl std::io::Read for SegmentReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos >= self.end {
+            return Ok(0);
+        }
+        let n = (self.end - self.pos).min(buf.len() as u64) as usize;
+        let r = self.file.read_at(&mut buf[..n], self.pos)?;
+        self.pos += r as u64;
+        Ok(r)
+    }
+}
+
+/// One chunk on its way from a chunker: the `seq`-th chunk of segment `unit`.
 struct Piece {
-    file: usize,
+    unit: usize,
+    seq: u32,
     buf: Vec<u8>,
 }
 
 /// What became of one chunk of a put.
 struct PieceDone {
-    file: usize,
+    unit: usize,
+    seq: u32,
     chunk: ChunkRef,
     /// Stored bytes when this put wrote the chunk.
     written: Option<u64>,
@@ -515,47 +537,41 @@ impl Store {
         let known = Arc::new(known);
         let claimed: Arc<Mutex<HashSet<[u8; 32]>>> = Arc::default();
 
-        let total: u64 = {
-            let f2 = files.clone();
-            blocking(move || {
-                f2.iter()
-                    .map(|f| std::fs::metadata(&f.abs).map(|m| m.len()).unwrap_or(0))
-                    .sum()
-            })
-            .await?
-        };
+        let total: u64 = files.iter().map(|f| f.size).sum();
         progress.start("upload", total);
 
-        // The chunker: one thread reading files in order with large reads.
+        // Chunker threads: each takes the next 64 MiB segment of the files and cuts it.
+        let mut units: Vec<(usize, u64, u64)> = Vec::new();
+        for (i, f) in files.iter().enumerate() {
+            let mut start = 0;
+            while start < f.size {
+                let last = start + chunk::SEGMENT >= f.size;
+                // the last segment reads to the end, whatever the file's size is by then
+                units.push((
+                    i,
+                    start,
+                    if last {
+                        u64::MAX
+                    } else {
+                        start + chunk::SEGMENT
+                    },
+                ));
+                start += chunk::SEGMENT;
+            }
+        }
+        let units = Arc::new(units);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Piece>>(4);
-        let chunk_files = files.clone();
-        std::thread::Builder::new()
-            .name("stasis-chunker".into())
-            .spawn(move || {
-                let mut chunker = Chunker::new();
-                for (i, f) in chunk_files.iter().enumerate() {
-                    let file = match std::fs::File::open(&f.abs) {
-                        Ok(file) => file,
-                        Err(e) => {
-                            let _ = tx.blocking_send(Err(StoreError::io(&f.abs, e)));
-                            return;
-                        }
-                    };
-                    let mut open = true;
-                    let r = chunker.run(file, |_, buf| {
-                        open = tx.blocking_send(Ok(Piece { file: i, buf })).is_ok();
-                        open
-                    });
-                    if let Err(e) = r {
-                        let _ = tx.blocking_send(Err(StoreError::io(&f.abs, e)));
-                        return;
-                    }
-                    if !open {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| StoreError::Internal(format!("cannot start chunker thread: {e}")))?;
+        let next_unit = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let chunkers = self.opts.cpu_workers.clamp(1, 4).min(units.len().max(1));
+        for t in 0..chunkers {
+            let (tx, units, next_unit) = (tx.clone(), units.clone(), next_unit.clone());
+            let paths: Vec<PathBuf> = files.iter().map(|f| f.abs.clone()).collect();
+            std::thread::Builder::new()
+                .name(format!("stasis-chunker-{t}"))
+                .spawn(move || chunk_units(&units, &paths, &next_unit, &tx))
+                .map_err(|e| StoreError::Internal(format!("cannot start chunker thread: {e}")))?;
+        }
+        drop(tx);
 
         let pieces =
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
@@ -567,7 +583,7 @@ impl Store {
                 let claimed = claimed.clone();
                 let cpu = self.cpu.clone();
                 async move {
-                    let Piece { file, buf } = piece?;
+                    let Piece { unit, seq, buf } = piece?;
                     let len = buf.len() - HEADER_LEN;
                     let permit = cpu
                         .acquire_owned()
@@ -602,7 +618,8 @@ impl Store {
                         }
                     }
                     Ok::<_, StoreError>(PieceDone {
-                        file,
+                        unit,
+                        seq,
                         chunk: ChunkRef {
                             id: id_hex,
                             len: len as u32,
@@ -613,7 +630,7 @@ impl Store {
             })
             .buffered(self.opts.concurrency.max(1)));
 
-        let mut chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); files.len()];
+        let mut done_chunks: Vec<(usize, u32, ChunkRef)> = Vec::new();
         let mut stats = StoreStats::default();
         let mut renewed = Instant::now();
         let renew_every = self.opts.lease_ttl / 3;
@@ -627,7 +644,7 @@ impl Store {
                 stats.new_bytes += len;
                 stats.written_bytes += w;
             }
-            chunks[done.file].push(done.chunk);
+            done_chunks.push((done.unit, done.seq, done.chunk));
             progress.advance(len);
             if renewed.elapsed() >= renew_every {
                 doc.renewed_unix_ms = now_ms();
@@ -636,6 +653,11 @@ impl Store {
             }
         }
 
+        done_chunks.sort_by_key(|(u, s, _)| (*u, *s));
+        let mut chunks: Vec<Vec<ChunkRef>> = vec![Vec::new(); files.len()];
+        for (u, _, c) in done_chunks {
+            chunks[units[u].0].push(c);
+        }
         m.files = files
             .into_iter()
             .zip(chunks)
@@ -991,6 +1013,7 @@ fn scan_dir(root: &Path) -> Result<Vec<SourceFile>> {
                     rel,
                     abs,
                     mode: meta.permissions().mode() & 0o7777,
+                    size: meta.len(),
                 });
             } else {
                 return Err(StoreError::Unsupported {
@@ -1025,4 +1048,52 @@ fn create_files(dest: &Path, layout: &[(String, u64)]) -> Result<Vec<Arc<std::fs
             Ok(Arc::new(f))
         })
         .collect()
+}
+
+/// A chunker thread: takes segments (`(file index, start, end)`) in turn and sends their chunks.
+fn chunk_units(
+    units: &[(usize, u64, u64)],
+    paths: &[PathBuf],
+    next_unit: &std::sync::atomic::AtomicUsize,
+    tx: &tokio::sync::mpsc::Sender<Result<Piece>>,
+) {
+    let mut chunker = Chunker::new();
+    let mut open: Option<(usize, std::fs::File)> = None;
+    loop {
+        let u = next_unit.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(&(fi, start, end)) = units.get(u) else {
+            return;
+        };
+        if open.as_ref().map(|(i, _)| *i) != Some(fi) {
+            match std::fs::File::open(&paths[fi]) {
+                Ok(f) => open = Some((fi, f)),
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(StoreError::io(&paths[fi], e)));
+                    return;
+                }
+            }
+        }
+        let Some((_, file)) = open.as_ref() else {
+            return;
+        };
+        let mut alive = true;
+        let mut seq = 0u32;
+        let reader = SegmentReader {
+            file,
+            pos: start,
+            end,
+        };
+        let r = chunker.run(reader, |_, buf| {
+            alive = tx.blocking_send(Ok(Piece { unit: u, seq, buf })).is_ok();
+            seq += 1;
+            alive
+        });
+        if let Err(e) = r {
+            let _ = tx.blocking_send(Err(StoreError::io(&paths[fi], e)));
+            return;
+        }
+        if !alive {
+            return;
+        }
+    }
 }
