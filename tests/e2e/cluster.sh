@@ -106,6 +106,17 @@ VAL="written on worker-1 at $(date +%s)"
 check "S3 PUT from a pod on worker-1" kubectl -n "$NS" exec "$P1" -- /testapp s3put "$STASIS_S3_BUCKET" "$KEY" "$VAL"
 check "S3 GET of that object from a pod on worker-2" test "$(kubectl -n "$NS" exec target -- /testapp s3get "$STASIS_S3_BUCKET" "$KEY" 2>&1)" = "$VAL"
 
+# ------------------------------------------------------------------ load-image
+IMG=$(mktemp -d)
+"$REPO/scripts/cluster.d/oci-image" "$IMG/loaded.tar" stasis.local/loaded:e2e '["/testapp","serve"]' \
+  "$("$REPO/scripts/build-platform" --print-dir testbins)/bin/testapp:/testapp" >/dev/null
+check "load-image imports an OCI archive into every node" "$CLUSTER" load-image "$IMG/loaded.tar"
+rm -rf "$IMG"
+kubectl -n "$NS" run loaded --image=stasis.local/loaded:e2e --image-pull-policy=Never \
+  --overrides='{"spec":{"nodeSelector":{"kubernetes.io/hostname":"worker-2"}}}' >/dev/null
+check "a pod of the loaded image runs (worker-2)" kubectl -n "$NS" wait --for=condition=Ready pod/loaded --timeout=120s
+kubectl -n "$NS" delete pod loaded --wait=false >/dev/null 2>&1
+
 # ------------------------------------------------------------------ node root, containerd drop-in, restart
 # what the chart's node installer does: write into the node's / through hostPath volumes, register
 # a runtime handler with a containerd drop-in, ask for a containerd restart
@@ -246,6 +257,12 @@ out=$(STASIS_CLUSTER_NO_INSTALL=1 PATH=$FAKE "$CLUSTER" up 2>&1); rc=$?
 rm -rf "$FAKE"
 check "up without runc fails" test $rc -ne 0
 check "... naming the tool and the fix" bash -c "grep -q 'runc' <<<\"\$1\" && grep -q 'apt-get install -y runc' <<<\"\$1\"" _ "$out"
+echo "# message: $(grep error <<<"$out")"
+
+# platform binaries missing (and building not allowed)
+out=$(STASIS_CLUSTER_NO_BUILD=1 STASIS_CACHE=$(mktemp -d) "$CLUSTER" up 2>&1); rc=$?
+check "up without the platform binaries fails" test $rc -ne 0
+check "... naming the build command" grep -q 'run: scripts/build-platform' <<<"$out"
 echo "# message: $(grep error <<<"$out")"
 
 # a stale state dir from a killed run: kill `up` half way (SIGKILL to its process group once the
