@@ -35,7 +35,6 @@
 use std::cell::RefCell;
 use std::io::Read;
 
-use bytes::{Buf, BytesMut};
 use ring::aead;
 
 use crate::key::Key;
@@ -55,6 +54,96 @@ const FLAG_RAW: u8 = 0;
 const FLAG_ZSTD: u8 = 1;
 
 const READ_BLOCK: usize = 16 << 20;
+
+/// Alignment of object buffers (for O_DIRECT file I/O).
+pub(crate) const ALIGN: usize = 4096;
+
+pub(crate) fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+/// An object buffer whose bytes start at an [`ALIGN`]-aligned address and that has room to be
+/// zero-padded to a multiple of [`ALIGN`], so it can be written or read with O_DIRECT.
+pub(crate) struct ChunkBuf {
+    vec: Vec<u8>,
+    off: usize,
+}
+
+impl ChunkBuf {
+    /// An empty buffer with room for an object of up to `max_obj` bytes (plus padding).
+    pub(crate) fn with_room(max_obj: usize) -> Self {
+        let mut vec: Vec<u8> = Vec::with_capacity(round_up(max_obj, ALIGN) + ALIGN);
+        let off = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
+        vec.resize(off, 0);
+        ChunkBuf { vec, off }
+    }
+
+    /// Wraps bytes that need no alignment.
+    pub(crate) fn from_vec(vec: Vec<u8>) -> Self {
+        ChunkBuf { vec, off: 0 }
+    }
+
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.vec[self.off..]
+    }
+
+    pub(crate) fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.vec[self.off..]
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.vec.len() - self.off
+    }
+
+    pub(crate) fn extend(&mut self, s: &[u8]) {
+        self.vec.extend_from_slice(s);
+    }
+
+    /// Sets the object length to `n`, zero-filling new bytes.
+    pub(crate) fn set_len(&mut self, n: usize) {
+        self.vec.resize(self.off + n, 0);
+    }
+
+    /// Whether the data starts at an aligned address (always, unless the allocator surprised us).
+    pub(crate) fn is_aligned(&self) -> bool {
+        (self.data().as_ptr() as usize) % ALIGN == 0
+    }
+
+    /// The object bytes zero-padded to a multiple of [`ALIGN`] (the padding is not part of the
+    /// object; a writer truncates the file to [`ChunkBuf::len`]).
+    pub(crate) fn padded(&mut self) -> &[u8] {
+        let len = self.len();
+        self.vec.resize(self.off + round_up(len, ALIGN), 0);
+        let padded = &self.vec[self.off..];
+        debug_assert!(padded.len() >= len);
+        padded
+    }
+
+    pub(crate) fn truncate(&mut self, n: usize) {
+        self.vec.truncate(self.off + n);
+    }
+
+    pub(crate) fn into_bytes(self) -> bytes::Bytes {
+        let len = self.len();
+        bytes::Bytes::from(self.vec).slice(self.off..self.off + len)
+    }
+}
+
+/// A decoded chunk: borrowed from the object buffer (stored raw) or decompressed.
+#[derive(Debug)]
+pub(crate) enum Plain<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Plain<'_> {
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            Plain::Borrowed(s) => s,
+            Plain::Owned(v) => v,
+        }
+    }
+}
 
 /// Level-1 normalised FastCDC masks for a 1 MiB average (as `StreamCDC::new` computes them).
 fn masks() -> (u64, u64, u64, u64) {
@@ -162,7 +251,7 @@ impl Chunker {
     pub(crate) fn run<R: Read>(
         &mut self,
         mut src: R,
-        mut emit: impl FnMut(u64, Vec<u8>) -> bool,
+        mut emit: impl FnMut(u64, ChunkBuf) -> bool,
     ) -> std::io::Result<()> {
         self.start = 0;
         self.end = 0;
@@ -190,9 +279,9 @@ impl Chunker {
             }
             let cut = self.gear.cut(&self.buf[self.start..self.end]);
             let cut = cut.max(1).min(self.end - self.start);
-            let mut out = Vec::with_capacity(HEADER_LEN + cut + TAG_LEN);
-            out.resize(HEADER_LEN, 0);
-            out.extend_from_slice(&self.buf[self.start..self.start + cut]);
+            let mut out = ChunkBuf::with_room(HEADER_LEN + cut + TAG_LEN);
+            out.set_len(HEADER_LEN);
+            out.extend(&self.buf[self.start..self.start + cut]);
             self.start += cut;
             let at = offset;
             offset += cut as u64;
@@ -247,16 +336,16 @@ fn aad(flag: u8, id: &blake3::Hash) -> [u8; 35] {
     a
 }
 
-/// Encodes a chunk buffer from [`Chunker`] (header room + plaintext) into its object body.
-/// Returns the object bytes.
-pub(crate) fn encode(key: &Key, id: &blake3::Hash, mut buf: Vec<u8>, compress: bool) -> Vec<u8> {
+/// Encodes a chunk buffer from [`Chunker`] (header room + plaintext) into its object bytes.
+pub(crate) fn encode(key: &Key, id: &blake3::Hash, mut buf: ChunkBuf, compress: bool) -> ChunkBuf {
     let plain_len = buf.len() - HEADER_LEN;
     let mut flag = FLAG_RAW;
-    if compress && plain_len > 64 && looks_compressible(&buf[HEADER_LEN..]) {
+    if compress && plain_len > 64 && looks_compressible(&buf.data()[HEADER_LEN..]) {
         let limit = plain_len - plain_len / 32;
-        let mut out = vec![0u8; HEADER_LEN + limit + TAG_LEN];
+        let mut out = ChunkBuf::with_room(HEADER_LEN + limit + TAG_LEN);
+        out.set_len(HEADER_LEN + limit);
         let r = with_cctx(|c| {
-            c.compress_to_buffer(&buf[HEADER_LEN..], &mut out[HEADER_LEN..HEADER_LEN + limit])
+            c.compress_to_buffer(&buf.data()[HEADER_LEN..], &mut out.data_mut()[HEADER_LEN..])
         });
         if let Some(Ok(n)) = r {
             out.truncate(HEADER_LEN + n);
@@ -271,61 +360,57 @@ pub(crate) fn encode(key: &Key, id: &blake3::Hash, mut buf: Vec<u8>, compress: b
         .seal_in_place_separate_tag(
             aead::Nonce::assume_unique_for_key(nonce),
             aead::Aad::from(aad(flag, id)),
-            &mut buf[HEADER_LEN..],
+            &mut buf.data_mut()[HEADER_LEN..],
         )
         .expect("AES-GCM sealing of a chunk under 64 GiB cannot fail");
-    buf[0] = MAGIC;
-    buf[1] = VERSION;
-    buf[2] = flag;
-    buf[3..HEADER_LEN].copy_from_slice(&nonce);
-    buf.extend_from_slice(tag.as_ref());
+    let d = buf.data_mut();
+    d[0] = MAGIC;
+    d[1] = VERSION;
+    d[2] = flag;
+    d[3..HEADER_LEN].copy_from_slice(&nonce);
+    buf.extend(tag.as_ref());
     buf
 }
 
-/// Decodes and verifies a chunk object. `Err` carries the reason it is corrupt.
-pub(crate) fn decode(
+/// Decodes and verifies a chunk object in place. `Err` carries the reason it is corrupt.
+pub(crate) fn decode<'a>(
     key: &Key,
     id_hex: &str,
     expected_len: usize,
-    data: bytes::Bytes,
-) -> Result<BytesMut, String> {
+    obj: &'a mut [u8],
+) -> Result<Plain<'a>, String> {
     let id = blake3::Hash::from_hex(id_hex).map_err(|_| "chunk id is not hex".to_string())?;
-    if data.len() < HEADER_LEN + TAG_LEN {
+    if obj.len() < HEADER_LEN + TAG_LEN {
         return Err(format!(
             "object is {} bytes, shorter than a chunk header",
-            data.len()
+            obj.len()
         ));
     }
-    if data[0] != MAGIC || data[1] != VERSION {
+    if obj[0] != MAGIC || obj[1] != VERSION {
         return Err(format!(
             "not a stasis chunk of format version {VERSION} (header {:02x} {:02x})",
-            data[0], data[1]
+            obj[0], obj[1]
         ));
     }
-    let flag = data[2];
+    let flag = obj[2];
     if flag != FLAG_RAW && flag != FLAG_ZSTD {
         return Err(format!("unknown compression flag {flag}"));
     }
     let mut nonce = [0u8; 12];
-    nonce.copy_from_slice(&data[3..HEADER_LEN]);
-    let mut buf = BytesMut::from(data);
-    let plain_len = key
+    nonce.copy_from_slice(&obj[3..HEADER_LEN]);
+    let plain: &'a [u8] = key
         .aead()
         .open_in_place(
             aead::Nonce::assume_unique_for_key(nonce),
             aead::Aad::from(aad(flag, &id)),
-            &mut buf[HEADER_LEN..],
+            &mut obj[HEADER_LEN..],
         )
         .map_err(|_| {
             "authentication failed (tag mismatch: modified, truncated or another key)".to_string()
-        })?
-        .len();
+        })?;
     let plain = if flag == FLAG_RAW {
-        buf.advance(HEADER_LEN);
-        buf.truncate(plain_len);
-        buf
+        Plain::Borrowed(plain)
     } else {
-        let src = &buf[HEADER_LEN..HEADER_LEN + plain_len];
         let mut out: Vec<u8> = Vec::with_capacity(expected_len);
         let r = DCTX.with(|d| {
             let mut d = d.borrow_mut();
@@ -333,20 +418,21 @@ pub(crate) fn decode(
                 *d = zstd::bulk::Decompressor::new().ok();
             }
             match d.as_mut() {
-                Some(d) => d.decompress_to_buffer(src, &mut out),
+                Some(d) => d.decompress_to_buffer(plain, &mut out),
                 None => Err(std::io::Error::other("cannot create a zstd context")),
             }
         });
         r.map_err(|e| format!("zstd decompression failed: {e}"))?;
-        BytesMut::from(&out[..])
+        Plain::Owned(out)
     };
-    if plain.len() != expected_len {
+    let p = plain.as_slice();
+    if p.len() != expected_len {
         return Err(format!(
             "plaintext is {} bytes, the manifest says {expected_len}",
-            plain.len()
+            p.len()
         ));
     }
-    if key.chunk_hash(&plain) != id {
+    if key.chunk_hash(p) != id {
         return Err("content does not hash to the chunk id".into());
     }
     Ok(plain)
@@ -368,11 +454,19 @@ mod tests {
             .collect()
     }
 
+    fn buf_of(data: &[u8]) -> ChunkBuf {
+        let mut b = ChunkBuf::with_room(HEADER_LEN + data.len() + TAG_LEN);
+        b.set_len(HEADER_LEN);
+        b.extend(data);
+        b
+    }
+
     fn chunks_of(data: &[u8]) -> Vec<(u64, Vec<u8>)> {
         let mut v = vec![];
         Chunker::new()
             .run(data, |o, b| {
-                v.push((o, b[HEADER_LEN..].to_vec()));
+                assert!(b.is_aligned());
+                v.push((o, b.data()[HEADER_LEN..].to_vec()));
                 true
             })
             .unwrap();
@@ -445,27 +539,30 @@ mod tests {
             b"tiny".to_vec(),
         ] {
             let id = key.chunk_hash(&data);
-            let mut buf = vec![0u8; HEADER_LEN];
-            buf.extend_from_slice(&data);
-            let obj = encode(&key, &id, buf, true);
-            let back = decode(&key, &id.to_hex(), data.len(), obj.clone().into()).unwrap();
-            assert_eq!(&back[..], &data[..]);
+            let obj = encode(&key, &id, buf_of(&data), true).data().to_vec();
+            let mut o = obj.clone();
+            let back = decode(&key, &id.to_hex(), data.len(), &mut o).unwrap();
+            assert_eq!(back.as_slice(), &data[..]);
 
             let mut bad = obj.clone();
             let last = bad.len() - 20;
             bad[last] ^= 1;
-            assert!(decode(&key, &id.to_hex(), data.len(), bad.into())
+            assert!(decode(&key, &id.to_hex(), data.len(), &mut bad)
                 .unwrap_err()
                 .contains("authentication failed"));
             let other = key.chunk_hash(b"other");
-            assert!(decode(&key, &other.to_hex(), data.len(), obj.clone().into()).is_err());
+            assert!(decode(&key, &other.to_hex(), data.len(), &mut obj.clone()).is_err());
             let k2 = Key::from_secret(&[8u8; 32]);
-            assert!(decode(&k2, &id.to_hex(), data.len(), obj.into()).is_err());
+            assert!(decode(&k2, &id.to_hex(), data.len(), &mut obj.clone()).is_err());
         }
         // zeros compress; random does not
         let z = vec![0u8; 1 << 20];
-        let mut b = vec![0u8; HEADER_LEN];
-        b.extend_from_slice(&z);
-        assert!(encode(&key, &key.chunk_hash(&z), b, true).len() < 10_000);
+        assert!(encode(&key, &key.chunk_hash(&z), buf_of(&z), true).len() < 10_000);
+        let r = pseudo_random(1 << 20, 5);
+        let mut e = encode(&key, &key.chunk_hash(&r), buf_of(&r), true);
+        assert_eq!(e.len(), r.len() + HEADER_LEN + TAG_LEN);
+        assert!(e.is_aligned());
+        let len = e.len();
+        assert_eq!(e.padded().len(), round_up(len, ALIGN));
     }
 }

@@ -73,6 +73,7 @@ pub mod chunk;
 pub mod envelope;
 pub mod error;
 pub mod key;
+mod local;
 pub mod progress;
 mod store;
 

@@ -16,10 +16,11 @@ use stasis_core::{
 };
 use tokio::sync::Semaphore;
 
-use crate::chunk::{self, Chunker, HEADER_LEN};
+use crate::chunk::{self, ChunkBuf, Chunker, HEADER_LEN};
 use crate::envelope;
 use crate::error::{Result, StoreError};
 use crate::key::Key;
+use crate::local::DirectIo;
 use crate::progress::Progress;
 
 /// Tuning and safety knobs. The defaults suit a node agent and the CLI.
@@ -41,6 +42,9 @@ pub struct StoreOptions {
     /// How long a writer waits for a running GC before it stops relying on existing chunks and
     /// uploads every chunk itself.
     pub gc_wait: Duration,
+    /// For `file://` stores: write and read chunk objects with `O_DIRECT` (see the `local`
+    /// module docs; falls back to buffered I/O where unsupported).
+    pub direct_io: bool,
 }
 
 impl Default for StoreOptions {
@@ -54,6 +58,7 @@ impl Default for StoreOptions {
             lease_ttl: Duration::from_secs(600),
             gc_lock_ttl: Duration::from_secs(1800),
             gc_wait: Duration::from_secs(30),
+            direct_io: true,
         }
     }
 }
@@ -103,6 +108,8 @@ pub struct Store {
     url: String,
     opts: StoreOptions,
     cpu: Arc<Semaphore>,
+    /// Direct I/O for chunk objects of a local store.
+    direct: Option<Arc<DirectIo>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -116,8 +123,14 @@ impl std::fmt::Debug for Store {
 
 const GC_LOCK: &str = "locks/gc.json";
 
-fn chunk_path(key_id: &str, id: &str) -> ObjPath {
-    ObjPath::from(format!("chunks/{key_id}/{}/{id}", &id[..2]))
+fn chunk_rel(key_id: &str, id: &str) -> String {
+    format!("chunks/{key_id}/{}/{id}", &id[..2])
+}
+fn io_backend(e: std::io::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "LocalFileSystem",
+        source: Box::new(e),
+    }
 }
 fn manifest_path(w: &WorkloadName, id: &CheckpointId) -> ObjPath {
     ObjPath::from(format!("manifests/{w}/{id}.json"))
@@ -208,7 +221,7 @@ impl std::io::Read for SegmentReader<'_> {
 struct Piece {
     unit: usize,
     seq: u32,
-    buf: Vec<u8>,
+    buf: ChunkBuf,
 }
 
 /// What became of one chunk of a put.
@@ -240,6 +253,7 @@ impl Store {
             url: url.to_owned(),
             reason,
         };
+        let mut local_root = None;
         let os: Arc<dyn ObjectStore> = if !url.contains("://") {
             if url.is_empty() {
                 return Err(invalid("empty".into()));
@@ -252,6 +266,7 @@ impl Store {
                     .map_err(|e| StoreError::io(".", e))?
                     .join(p)
             };
+            local_root = Some(p.clone());
             local_store(&p)?
         } else {
             let u = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
@@ -260,6 +275,7 @@ impl Store {
                     let p = u.to_file_path().map_err(|_| {
                         invalid("a file:// url needs an absolute path (file:///var/lib/x)".into())
                     })?;
+                    local_root = Some(p.clone());
                     local_store(&p)?
                 }
                 "s3" => {
@@ -286,7 +302,12 @@ impl Store {
                 }
             }
         };
-        Ok(Self::from_object_store(os, url, opts))
+        let direct = opts.direct_io;
+        let mut store = Self::from_object_store(os, url, opts);
+        if direct {
+            store.direct = local_root.map(|r| Arc::new(DirectIo::new(r)));
+        }
+        Ok(store)
     }
 
     /// A store over any `object_store` backend (tests use this to inject faults).
@@ -301,6 +322,7 @@ impl Store {
             url: url.into(),
             opts,
             cpu,
+            direct: None,
         }
     }
 
@@ -592,7 +614,7 @@ impl Store {
                     let key_id = key.id().to_owned();
                     let (id, obj) = blocking(move || {
                         let _permit = permit;
-                        let id = key.chunk_hash(&buf[HEADER_LEN..]);
+                        let id = key.chunk_hash(&buf.data()[HEADER_LEN..]);
                         let b = *id.as_bytes();
                         if known.contains(&b)
                             || !claimed.lock().map(|mut c| c.insert(b)).unwrap_or(true)
@@ -605,16 +627,35 @@ impl Store {
                     .await?;
                     let id_hex = id.to_hex().to_string();
                     let mut written = None;
-                    if let Some(obj) = obj {
-                        let p = chunk_path(&key_id, &id_hex);
-                        let present = trust && self.os.head(&p).await.is_ok();
-                        if !present {
-                            let n = obj.len() as u64;
-                            self.os
-                                .put(&p, PutPayload::from(obj))
-                                .await
-                                .map_err(|e| self.be(&p, e))?;
-                            written = Some(n);
+                    if let Some(mut obj) = obj {
+                        let rel = chunk_rel(&key_id, &id_hex);
+                        let p = ObjPath::from(rel.as_str());
+                        let n = obj.len() as u64;
+                        match &self.direct {
+                            Some(d) => {
+                                let d = d.clone();
+                                let wrote = blocking(move || -> std::io::Result<bool> {
+                                    if trust && std::fs::metadata(d.path(&rel)).is_ok() {
+                                        return Ok(false);
+                                    }
+                                    d.put(&rel, &mut obj).map(|()| true)
+                                })
+                                .await?
+                                .map_err(|e| self.be(&p, io_backend(e)))?;
+                                if wrote {
+                                    written = Some(n);
+                                }
+                            }
+                            None => {
+                                let present = trust && self.os.head(&p).await.is_ok();
+                                if !present {
+                                    self.os
+                                        .put(&p, PutPayload::from(obj.into_bytes()))
+                                        .await
+                                        .map_err(|e| self.be(&p, e))?;
+                                    written = Some(n);
+                                }
+                            }
                         }
                     }
                     Ok::<_, StoreError>(PieceDone {
@@ -764,18 +805,29 @@ impl Store {
                 let file_name = files[fi].path.clone();
                 let dest_path = dest_root.join(&files[fi].path);
                 async move {
-                    let p = chunk_path(key.id(), &c.id);
+                    let rel = chunk_rel(key.id(), &c.id);
+                    let p = ObjPath::from(rel.as_str());
                     let shown = format!("{}/{p}", self.url.trim_end_matches('/'));
-                    let data = match self.os.get(&p).await {
-                        Ok(r) => r.bytes().await.map_err(|e| self.be(&p, e))?,
-                        Err(object_store::Error::NotFound { .. }) => {
-                            return Err(StoreError::ChunkMissing {
-                                chunk: c.id.clone(),
-                                file: file_name,
-                                path: shown,
-                            })
+                    let missing = || StoreError::ChunkMissing {
+                        chunk: c.id.clone(),
+                        file: file_name.clone(),
+                        path: shown.clone(),
+                    };
+                    let data = match &self.direct {
+                        Some(d) => {
+                            let d = d.clone();
+                            blocking(move || d.get(&rel))
+                                .await?
+                                .map_err(|e| self.be(&p, io_backend(e)))?
+                                .ok_or_else(missing)?
                         }
-                        Err(e) => return Err(self.be(&p, e)),
+                        None => match self.os.get(&p).await {
+                            Ok(r) => ChunkBuf::from_vec(Vec::from(
+                                r.bytes().await.map_err(|e| self.be(&p, e))?,
+                            )),
+                            Err(object_store::Error::NotFound { .. }) => return Err(missing()),
+                            Err(e) => return Err(self.be(&p, e)),
+                        },
                     };
                     let permit = cpu
                         .acquire_owned()
@@ -785,17 +837,17 @@ impl Store {
                     let len = c.len as usize;
                     blocking(move || {
                         let _permit = permit;
-                        let plain =
-                            chunk::decode(&key, &chunk_id, len, data).map_err(|reason| {
-                                StoreError::ChunkCorrupt {
-                                    chunk: chunk_id.clone(),
-                                    file: file_name,
-                                    path: shown,
-                                    reason,
-                                }
-                            })?;
+                        let mut data = data;
+                        let plain = chunk::decode(&key, &chunk_id, len, data.data_mut()).map_err(
+                            |reason| StoreError::ChunkCorrupt {
+                                chunk: chunk_id.clone(),
+                                file: file_name,
+                                path: shown,
+                                reason,
+                            },
+                        )?;
                         handle
-                            .write_all_at(&plain, off)
+                            .write_all_at(plain.as_slice(), off)
                             .map_err(|e| StoreError::io(dest_path, e))
                     })
                     .await??;

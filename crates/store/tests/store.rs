@@ -677,3 +677,71 @@ fn store_urls() {
         Err(StoreError::InvalidUrl { .. })
     ));
 }
+
+/// The plain `object_store` code path (what S3 uses): direct I/O off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_through_the_object_store_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let store = Store::open_with(
+        root.to_str().unwrap(),
+        stasis_store::StoreOptions {
+            direct_io: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let key = Key::random();
+    let files = vec![
+        ("a", pseudo_random(3 << 20, 1), 0o600),
+        ("b", vec![7u8; 2 << 20], 0o644),
+        ("c", vec![], 0o600),
+    ];
+    let img = image(tmp.path(), "img", &files);
+    let m = store
+        .put_checkpoint(&key, draft("w"), &img, &NoProgress)
+        .await
+        .unwrap();
+    let out = tmp.path().join("out");
+    store
+        .get_checkpoint(&key, &m.reference(), &out, &NoProgress)
+        .await
+        .unwrap();
+    assert_same_tree(&img, &out, &files);
+    let victim = &m.files[0].chunks[0].id;
+    std::fs::remove_file(chunk_object(&root, &key, victim)).unwrap();
+    let err = store
+        .get_checkpoint(&key, &m.reference(), &tmp.path().join("o2"), &NoProgress)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::ChunkMissing { ref chunk, .. } if chunk == victim),
+        "{err}"
+    );
+}
+
+/// A put that is abandoned midway (the process killed, the future dropped) publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_put_publishes_nothing() {
+    let e = env();
+    let img = image(
+        e._tmp.path(),
+        "img",
+        &[("p.img", pseudo_random(64 << 20, 4), 0o600)],
+    );
+    let r = tokio::time::timeout(
+        Duration::from_millis(20),
+        e.store
+            .put_checkpoint(&e.key, draft("w"), &img, &NoProgress),
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "the put finished too fast for this test to mean anything"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(e.store.list(None).await.unwrap().is_empty());
+    // its lease stays until it expires, so GC does not sweep what it uploaded
+    let rep = e.store.gc(&e.key, 1, Duration::ZERO).await.unwrap();
+    assert!(rep.sweep_skipped.is_some(), "{rep:?}");
+}
