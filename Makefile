@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images demo test lint unit integration e2e bench clean
+.PHONY: help setup build images demo test lint unit integration e2e bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -30,13 +30,23 @@ unit: ## unit tests (no privileges needed)
 integration: setup images ## integration tests with real CRIU and runc (root)
 	CI=$${CI:-} tini -s -- $(CARGO) test --locked --workspace --test '*' -- --test-threads=1
 
-test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc)
+e2e: setup ## end-to-end tests on the local Kubernetes cluster (builds it from source on first use)
+	tests/e2e/cluster.sh
+
+test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc), e2e (local cluster)
 	$(CARGO) build --locked --workspace --all-targets
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory integration
+	$(MAKE) --no-print-directory e2e
 
 bench: setup build images ## benchmarks (see docs/benchmarks.md)
 	@tini -s -- bench/checkpoint.sh
 
 clean:
 	$(CARGO) clean
+
+cluster-up: ## start the local Kubernetes cluster (scripts/cluster up)
+	scripts/cluster up
+
+cluster-down: ## stop it, leaving nothing behind
+	scripts/cluster down
