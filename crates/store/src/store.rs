@@ -99,6 +99,8 @@ pub struct GcReport {
     pub sweep_skipped: Option<String>,
     /// Expired leases (of writers that died) removed.
     pub expired_leases_removed: u64,
+    /// Staging files of interrupted chunk writes (local stores) removed.
+    pub staging_files_removed: u64,
 }
 
 /// A checkpoint store on an object store (`file://` or `s3://`). See the crate docs for the
@@ -110,6 +112,8 @@ pub struct Store {
     cpu: Arc<Semaphore>,
     /// Direct I/O for chunk objects of a local store.
     direct: Option<Arc<DirectIo>>,
+    /// The directory of a local store.
+    local_root: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Store {
@@ -305,8 +309,9 @@ impl Store {
         let direct = opts.direct_io;
         let mut store = Self::from_object_store(os, url, opts);
         if direct {
-            store.direct = local_root.map(|r| Arc::new(DirectIo::new(r)));
+            store.direct = local_root.clone().map(|r| Arc::new(DirectIo::new(r)));
         }
+        store.local_root = local_root;
         Ok(store)
     }
 
@@ -323,6 +328,7 @@ impl Store {
             opts,
             cpu,
             direct: None,
+            local_root: None,
         }
     }
 
@@ -443,6 +449,40 @@ impl Store {
         let p = manifest_path(&reference.workload, &id);
         self.os.delete(&p).await.map_err(|e| self.be(&p, e))?;
         Ok(id)
+    }
+
+    /// Create-if-absent. Backends without conditional puts (some S3-compatible servers) get a
+    /// check-then-put, which is enough here: manifest ids are unique, and two GCs racing for the
+    /// lock only repeat each other's work.
+    async fn put_create(&self, p: &ObjPath, body: Bytes) -> object_store::Result<()> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .os
+            .put_opts(p, PutPayload::from_bytes(body.clone()), opts)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::NotImplemented { .. }) => {
+                match self.os.head(p).await {
+                    Ok(_) => {
+                        return Err(object_store::Error::AlreadyExists {
+                            path: p.to_string(),
+                            source: "object exists".into(),
+                        })
+                    }
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                self.os
+                    .put(p, PutPayload::from_bytes(body))
+                    .await
+                    .map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     // ---------------------------------------------------------------- leases
@@ -717,15 +757,7 @@ impl Store {
 
         let body = envelope::seal(key, &m)?;
         let p = manifest_path(&m.workload, &m.id);
-        self.os
-            .put_opts(
-                &p,
-                PutPayload::from(body),
-                PutOptions {
-                    mode: PutMode::Create,
-                    ..Default::default()
-                },
-            )
+        self.put_create(&p, Bytes::from(body))
             .await
             .map_err(|e| self.be(&p, e))?;
         tracing::info!(
@@ -765,7 +797,7 @@ impl Store {
         self.put_lease(&lease, &LeaseDoc::new("get", self.opts.lease_ttl))
             .await?;
         let r = self
-            .get_leased(key, &reference.workload, &id, dest_dir, progress)
+            .get_leased(key, &reference.workload, &id, dest_dir, progress, &lease)
             .await;
         progress.finish();
         self.drop_lease(&lease).await;
@@ -779,7 +811,9 @@ impl Store {
         id: &CheckpointId,
         dest_dir: &Path,
         progress: &dyn Progress,
+        lease: &ObjPath,
     ) -> Result<Manifest> {
+        let mut doc = LeaseDoc::new("get", self.opts.lease_ttl);
         let m = self.read_manifest_id(key, w, id).await?;
         let dest = dest_dir.to_owned();
         let layout: Vec<(String, u64)> = m.files.iter().map(|f| (f.path.clone(), f.size)).collect();
@@ -797,67 +831,76 @@ impl Store {
         }
         let files = &m.files;
         let dest_root = dest_dir.to_owned();
-        futures::stream::iter(work)
-            .map(|(fi, off, c)| {
-                let key = key.clone();
-                let handle = handles[fi].clone();
-                let cpu = self.cpu.clone();
-                let file_name = files[fi].path.clone();
-                let dest_path = dest_root.join(&files[fi].path);
-                async move {
-                    let rel = chunk_rel(key.id(), &c.id);
-                    let p = ObjPath::from(rel.as_str());
-                    let shown = format!("{}/{p}", self.url.trim_end_matches('/'));
-                    let missing = || StoreError::ChunkMissing {
-                        chunk: c.id.clone(),
-                        file: file_name.clone(),
-                        path: shown.clone(),
-                    };
-                    let data = match &self.direct {
-                        Some(d) => {
-                            let d = d.clone();
-                            blocking(move || d.get(&rel))
-                                .await?
-                                .map_err(|e| self.be(&p, io_backend(e)))?
-                                .ok_or_else(missing)?
-                        }
-                        None => match self.os.get(&p).await {
-                            Ok(r) => ChunkBuf::from_vec(Vec::from(
-                                r.bytes().await.map_err(|e| self.be(&p, e))?,
-                            )),
-                            Err(object_store::Error::NotFound { .. }) => return Err(missing()),
-                            Err(e) => return Err(self.be(&p, e)),
-                        },
-                    };
-                    let permit = cpu
-                        .acquire_owned()
-                        .await
-                        .map_err(|e| StoreError::Internal(e.to_string()))?;
-                    let chunk_id = c.id.clone();
-                    let len = c.len as usize;
-                    blocking(move || {
-                        let _permit = permit;
-                        let mut data = data;
-                        let plain = chunk::decode(&key, &chunk_id, len, data.data_mut()).map_err(
-                            |reason| StoreError::ChunkCorrupt {
-                                chunk: chunk_id.clone(),
-                                file: file_name,
-                                path: shown,
-                                reason,
+        {
+            let fetches = futures::stream::iter(work)
+                .map(|(fi, off, c)| {
+                    let key = key.clone();
+                    let handle = handles[fi].clone();
+                    let cpu = self.cpu.clone();
+                    let file_name = files[fi].path.clone();
+                    let dest_path = dest_root.join(&files[fi].path);
+                    async move {
+                        let rel = chunk_rel(key.id(), &c.id);
+                        let p = ObjPath::from(rel.as_str());
+                        let shown = format!("{}/{p}", self.url.trim_end_matches('/'));
+                        let missing = || StoreError::ChunkMissing {
+                            chunk: c.id.clone(),
+                            file: file_name.clone(),
+                            path: shown.clone(),
+                        };
+                        let data = match &self.direct {
+                            Some(d) => {
+                                let d = d.clone();
+                                blocking(move || d.get(&rel))
+                                    .await?
+                                    .map_err(|e| self.be(&p, io_backend(e)))?
+                                    .ok_or_else(missing)?
+                            }
+                            None => match self.os.get(&p).await {
+                                Ok(r) => ChunkBuf::from_vec(Vec::from(
+                                    r.bytes().await.map_err(|e| self.be(&p, e))?,
+                                )),
+                                Err(object_store::Error::NotFound { .. }) => return Err(missing()),
+                                Err(e) => return Err(self.be(&p, e)),
                             },
-                        )?;
-                        handle
-                            .write_all_at(plain.as_slice(), off)
-                            .map_err(|e| StoreError::io(dest_path, e))
-                    })
-                    .await??;
-                    progress.advance(len as u64);
-                    Ok::<_, StoreError>(())
+                        };
+                        let permit = cpu
+                            .acquire_owned()
+                            .await
+                            .map_err(|e| StoreError::Internal(e.to_string()))?;
+                        let chunk_id = c.id.clone();
+                        let len = c.len as usize;
+                        blocking(move || {
+                            let _permit = permit;
+                            let mut data = data;
+                            let plain = chunk::decode(&key, &chunk_id, len, data.data_mut())
+                                .map_err(|reason| StoreError::ChunkCorrupt {
+                                    chunk: chunk_id.clone(),
+                                    file: file_name,
+                                    path: shown,
+                                    reason,
+                                })?;
+                            handle
+                                .write_all_at(plain.as_slice(), off)
+                                .map_err(|e| StoreError::io(dest_path, e))
+                        })
+                        .await??;
+                        progress.advance(len as u64);
+                        Ok::<_, StoreError>(())
+                    }
+                })
+                .buffer_unordered(self.opts.concurrency.max(1));
+            let mut fetches = std::pin::pin!(fetches);
+            let mut renewed = Instant::now();
+            while let Some(r) = fetches.next().await {
+                r?;
+                if renewed.elapsed() >= self.opts.lease_ttl / 3 {
+                    doc.renewed_unix_ms = now_ms();
+                    self.put_lease(lease, &doc).await?;
+                    renewed = Instant::now();
                 }
-            })
-            .buffer_unordered(self.opts.concurrency.max(1))
-            .try_collect::<()>()
-            .await?;
+            }
+        }
 
         let dest = dest_dir.to_owned();
         let modes: Vec<(String, u32)> = m.files.iter().map(|f| (f.path.clone(), f.mode)).collect();
@@ -883,17 +926,7 @@ impl Store {
     pub async fn gc(&self, key: &Key, keep_last: usize, grace: Duration) -> Result<GcReport> {
         let lock = ObjPath::from(GC_LOCK);
         let doc = LeaseDoc::new("gc", self.opts.gc_lock_ttl);
-        let created = self
-            .os
-            .put_opts(
-                &lock,
-                PutPayload::from_bytes(doc.to_bytes()),
-                PutOptions {
-                    mode: PutMode::Create,
-                    ..Default::default()
-                },
-            )
-            .await;
+        let created = self.put_create(&lock, doc.to_bytes()).await;
         match created {
             Ok(_) => {}
             Err(object_store::Error::AlreadyExists { .. }) => {
@@ -1026,8 +1059,43 @@ impl Store {
                 Err(e) => return Err(self.be(&prefix, e)),
             }
         }
+        if let Some(root) = &self.local_root {
+            let dir = root.join("chunks").join(key.id());
+            report.staging_files_removed = blocking(move || remove_staging(&dir, grace)).await?;
+        }
         Ok(report)
     }
+}
+
+/// Removes `<name>#<digits>` staging files (left by writers killed mid-write) older than `grace`
+/// from the fan-out directories under `dir`.
+fn remove_staging(dir: &Path, grace: Duration) -> u64 {
+    let mut n = 0;
+    let Ok(fanout) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for sub in fanout.flatten() {
+        let Ok(entries) = std::fs::read_dir(sub.path()) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let staging = name
+                .to_str()
+                .and_then(|s| s.split_once('#'))
+                .is_some_and(|(_, d)| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= grace);
+            if staging && old && std::fs::remove_file(e.path()).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 fn local_store(p: &Path) -> Result<Arc<dyn ObjectStore>> {

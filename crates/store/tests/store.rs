@@ -579,6 +579,16 @@ async fn gc_spares_chunks_while_a_live_lease_exists() {
     assert!(r.sweep_skipped.is_none(), "{r:?}");
     assert_eq!(r.chunks_deleted, 1);
     assert_eq!(count_files(&chunks_dir), 0);
+
+    // a staging file left by a writer killed mid-write is removed once older than the grace
+    std::fs::create_dir_all(chunks_dir.join("ab")).unwrap();
+    let staging = chunks_dir
+        .join("ab")
+        .join(format!("ab{}#12345", "0".repeat(62)));
+    std::fs::write(&staging, b"partial").unwrap();
+    let r = e.store.gc(&e.key, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(r.staging_files_removed, 1, "{r:?}");
+    assert!(!staging.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
