@@ -1,0 +1,359 @@
+//! Plan files: the agent's restore decisions, dropped where the runtime wrapper can read them
+//! without any round trip.
+//!
+//! ```text
+//! <plans>/<container-id>.json                      a plan for one container id
+//! <plans>/pod_<pod-uid>_<container-name>.json      a plan for a pod's container, whatever its id
+//! <plans>/<either>.json.consumed                   a plan the wrapper has taken (single use)
+//! <image-dir>/.stasis-verified                     the agent's stamp: this image dir holds the
+//!                                                  verified archive of `checkpoint_ref`
+//! ```
+//!
+//! The container id is chosen by containerd only when the container is created, so the agent
+//! usually writes the per-pod form (it knows the pod uid and container name from its
+//! `PodRestore`); the per-id form wins when both exist. Files are written to a temporary name in
+//! the same directory and renamed into place, so a reader sees a whole plan or none. A plan is
+//! used at most once: the wrapper renames it to `.consumed` before it acts on it, so a container
+//! that restarts in place (or a restore that fails) never loops on the same plan; the agent writes
+//! a new plan if it wants another restore, and removes consumed ones.
+//!
+//! Example:
+//!
+//! ```json
+//! {"v":1,"pod_uid":"0b5c…","container_name":"app","image_dir":"/var/lib/stasis/restore/0b5c…/app",
+//!  "rootfs_method":"overlay_upper","checkpoint_ref":"default/counter/lineage-3/17",
+//!  "tcp_established":true,"expires_at_unix_ms":1795000000000}
+//! ```
+//!
+//! Trust: plans decide whose memory a container gets, so the wrapper reads only files owned by its
+//! own (root) uid and writable by nobody else, in a directory with the same property.
+
+use std::fs::OpenOptions;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::proto::{Plan, PROTOCOL_VERSION};
+
+/// The name of the agent's verification stamp inside an image directory.
+pub const VERIFIED_STAMP: &str = ".stasis-verified";
+
+/// The largest plan file or stamp read.
+const MAX_FILE: u64 = 64 * 1024;
+
+/// The content of a plan file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanFile {
+    pub v: u32,
+    /// For a per-id plan: the container it is for (checked against the file name's id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The pod and container the plan is for; checked against the bundle's annotations when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_name: Option<String>,
+    #[serde(flatten)]
+    pub plan: Plan,
+    /// After this instant (Unix milliseconds) the plan is void.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_unix_ms: Option<u64>,
+}
+
+/// The agent's stamp on a verified image directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifiedStamp {
+    pub v: u32,
+    pub checkpoint_ref: String,
+    #[serde(default)]
+    pub verified_at_unix_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanFileError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: not trusted: {why}")]
+    Untrusted { path: PathBuf, why: String },
+    #[error("{path}: malformed: {source}")]
+    Malformed {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: protocol version {got}, this runtime reads {PROTOCOL_VERSION}")]
+    Version { path: PathBuf, got: u32 },
+}
+
+/// Whether `s` is safe as one path component (container ids, pod uids, container names).
+fn safe_component(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'+'))
+        && !s.starts_with('.')
+}
+
+/// `<dir>/<container-id>.json`; `None` for an id that is not a plain name.
+pub fn path_for_container(dir: &Path, container_id: &str) -> Option<PathBuf> {
+    safe_component(container_id).then(|| dir.join(format!("{container_id}.json")))
+}
+
+/// `<dir>/pod_<pod-uid>_<container-name>.json`; `None` when either is empty or not a plain name.
+pub fn path_for_pod(dir: &Path, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
+    (safe_component(pod_uid) && safe_component(container_name))
+        .then(|| dir.join(format!("pod_{pod_uid}_{container_name}.json")))
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PlanFileError + '_ {
+    move |source| PlanFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn check_trusted(path: &Path, md: &std::fs::Metadata) -> Result<(), PlanFileError> {
+    let me = nix::unistd::geteuid().as_raw();
+    let why = if md.uid() != me {
+        Some(format!("owned by uid {}, not {me}", md.uid()))
+    } else if md.mode() & 0o022 != 0 {
+        Some(format!(
+            "mode {:o} is writable by others",
+            md.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(PlanFileError::Untrusted {
+            path: path.to_path_buf(),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Reads a trusted, bounded JSON file; `Ok(None)` when it does not exist.
+fn read_trusted<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, PlanFileError> {
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let md = f.metadata().map_err(io_err(path))?;
+    if !md.is_file() {
+        return Err(PlanFileError::Untrusted {
+            path: path.into(),
+            why: "not a regular file".into(),
+        });
+    }
+    check_trusted(path, &md)?;
+    if let Some(dir) = path.parent() {
+        let dmd = std::fs::metadata(dir).map_err(io_err(dir))?;
+        check_trusted(dir, &dmd)?;
+    }
+    let mut buf = Vec::with_capacity(md.len().min(MAX_FILE) as usize);
+    f.take(MAX_FILE + 1)
+        .read_to_end(&mut buf)
+        .map_err(io_err(path))?;
+    if buf.len() as u64 > MAX_FILE {
+        return Err(PlanFileError::Untrusted {
+            path: path.into(),
+            why: format!("larger than {MAX_FILE} bytes"),
+        });
+    }
+    serde_json::from_slice(&buf)
+        .map(Some)
+        .map_err(|source| PlanFileError::Malformed {
+            path: path.into(),
+            source,
+        })
+}
+
+/// Reads a plan file; `Ok(None)` when there is none.
+pub fn read(path: &Path) -> Result<Option<PlanFile>, PlanFileError> {
+    let p: Option<PlanFile> = read_trusted(path)?;
+    match p {
+        Some(p) if p.v != PROTOCOL_VERSION => Err(PlanFileError::Version {
+            path: path.into(),
+            got: p.v,
+        }),
+        p => Ok(p),
+    }
+}
+
+/// Writes `content` to `path` atomically (temporary file in the same directory, fsync, rename),
+/// mode 0600; the directory is created 0700 if missing.
+fn write_atomic(path: &Path, content: &[u8]) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    let r = f
+        .write_all(content)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// Writes a plan file atomically (the agent's side).
+pub fn write(path: &Path, plan: &PlanFile) -> io::Result<()> {
+    write_atomic(path, &serde_json::to_vec(plan)?)
+}
+
+/// Takes a plan (the wrapper's side): renames it to `<path>.consumed`, so it is used once.
+/// Returns the new path; an error means someone else took it first (or it is gone).
+pub fn consume(path: &Path) -> io::Result<PathBuf> {
+    let mut to = path.as_os_str().to_owned();
+    to.push(".consumed");
+    let to = PathBuf::from(to);
+    std::fs::rename(path, &to)?;
+    Ok(to)
+}
+
+/// Stamps `image_dir` as holding the verified archive of `checkpoint_ref` (the agent's side,
+/// after fetching, verifying and unpacking).
+pub fn write_verified_stamp(image_dir: &Path, checkpoint_ref: &str) -> io::Result<()> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let s = VerifiedStamp {
+        v: PROTOCOL_VERSION,
+        checkpoint_ref: checkpoint_ref.into(),
+        verified_at_unix_ms: now,
+    };
+    write_atomic(&image_dir.join(VERIFIED_STAMP), &serde_json::to_vec(&s)?)
+}
+
+/// The agent's stamp in `image_dir`, if any.
+pub fn read_verified_stamp(image_dir: &Path) -> Result<Option<VerifiedStamp>, PlanFileError> {
+    read_trusted(&image_dir.join(VERIFIED_STAMP))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::RootfsMethod;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn sample() -> PlanFile {
+        PlanFile {
+            v: PROTOCOL_VERSION,
+            container_id: None,
+            pod_uid: Some("0b5c7e1a-1111-2222-3333-444455556666".into()),
+            container_name: Some("app".into()),
+            plan: Plan {
+                image_dir: "/var/lib/stasis/restore/x".into(),
+                rootfs_method: Some(RootfsMethod::OverlayUpper),
+                checkpoint_ref: "default/counter/17".into(),
+                tcp_established: true,
+            },
+            expires_at_unix_ms: Some(1_795_000_000_000),
+        }
+    }
+
+    #[test]
+    fn paths_are_plain_names_only() {
+        let d = Path::new("/run/stasis/plans");
+        assert_eq!(
+            path_for_container(d, "4f1e9c").unwrap(),
+            Path::new("/run/stasis/plans/4f1e9c.json")
+        );
+        assert_eq!(
+            path_for_pod(d, "0b5c-uid", "app").unwrap(),
+            Path::new("/run/stasis/plans/pod_0b5c-uid_app.json")
+        );
+        for bad in ["", "..", "a/b", ".hidden", "a b", "x\n"] {
+            assert!(path_for_container(d, bad).is_none(), "{bad:?}");
+            assert!(path_for_pod(d, bad, "app").is_none(), "{bad:?}");
+            assert!(path_for_pod(d, "uid", bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn write_read_consume() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("plans");
+        let p = path_for_pod(&dir, "0b5c-uid", "app").unwrap();
+        assert!(read(&p).unwrap().is_none());
+        write(&p, &sample()).unwrap();
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(read(&p).unwrap().unwrap(), sample());
+        // Only the plan is in the directory (no temporary left over).
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        let used = consume(&p).unwrap();
+        assert!(used.to_string_lossy().ends_with("app.json.consumed"));
+        assert!(read(&p).unwrap().is_none());
+        assert!(consume(&p).is_err(), "a plan is taken once");
+    }
+
+    #[test]
+    fn documented_example_parses() {
+        let j = r#"{"v":1,"pod_uid":"0b5c","container_name":"app","image_dir":"/i",
+            "rootfs_method":"overlay_upper","checkpoint_ref":"default/counter/lineage-3/17",
+            "tcp_established":true,"expires_at_unix_ms":1795000000000}"#;
+        let p: PlanFile = serde_json::from_str(j).unwrap();
+        assert_eq!(p.plan.rootfs_method, Some(RootfsMethod::OverlayUpper));
+        assert_eq!(p.expires_at_unix_ms, Some(1_795_000_000_000));
+    }
+
+    #[test]
+    fn untrusted_malformed_and_foreign_versions_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("plans");
+        let p = path_for_container(&dir, "c1").unwrap();
+        write(&p, &sample()).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(read(&p), Err(PlanFileError::Untrusted { .. })));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(read(&p), Err(PlanFileError::Untrusted { .. })));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        std::fs::write(&p, "{").unwrap();
+        assert!(matches!(read(&p), Err(PlanFileError::Malformed { .. })));
+        let mut future = serde_json::to_value(sample()).unwrap();
+        future["v"] = 2.into();
+        std::fs::write(&p, future.to_string()).unwrap();
+        assert!(matches!(
+            read(&p),
+            Err(PlanFileError::Version { got: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn verified_stamp_round_trips() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(read_verified_stamp(t.path()).unwrap().is_none());
+        write_verified_stamp(t.path(), "ns/w/3").unwrap();
+        let s = read_verified_stamp(t.path()).unwrap().unwrap();
+        assert_eq!(s.checkpoint_ref, "ns/w/3");
+        assert!(s.verified_at_unix_ms > 0);
+    }
+}

@@ -1,0 +1,306 @@
+//! The messages. Every message is one JSON object with a protocol version `v`; requests carry an
+//! `op`, responses a `result`:
+//!
+//! ```text
+//! → {"v":1,"op":"ping"}
+//! ← {"v":1,"result":"pong","agent":"stasisd 0.1.0"}
+//! → {"v":1,"op":"restore_plan","container_id":"c1","pod_uid":"…","pod_namespace":"ns","pod_name":"p","container_name":"app"}
+//! ← {"v":1,"result":"plan","image_dir":"/var/lib/stasis/…","rootfs_method":"overlay_upper","checkpoint_ref":"…","tcp_established":true}
+//! ← {"v":1,"result":"no_plan","reason":"no PodRestore for this pod"}
+//! → {"v":1,"op":"final_checkpoint","container_id":"c1","deadline_ms":20000}
+//! ← {"v":1,"result":"done","checkpoint_ref":"…"} | {"v":1,"result":"skipped","reason":"…"} | {"v":1,"result":"failed","reason":"…"}
+//! → {"v":1,"op":"report","container_id":"c1","pod_uid":"…",…,"event":{"kind":"restored","checkpoint_ref":"…","restore_ms":180}}
+//!   (no answer: fire and forget)
+//! ← {"v":1,"result":"error","reason":"unsupported protocol version 2"}   (any request the agent cannot serve)
+//! ```
+//!
+//! Compatibility: a peer rejects a message whose `v` it does not speak; fields may be added within
+//! a version (unknown fields are ignored, new fields have defaults).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+pub use stasis_core::manifest::RootfsMethod;
+
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The Kubernetes identity of a container, from its bundle's CRI annotations. Fields the runtime
+/// does not know are empty strings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    #[serde(default)]
+    pub pod_uid: String,
+    #[serde(default)]
+    pub pod_namespace: String,
+    #[serde(default)]
+    pub pod_name: String,
+    #[serde(default)]
+    pub container_name: String,
+}
+
+/// A request on the agent socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub v: u32,
+    #[serde(flatten)]
+    pub body: RequestBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum RequestBody {
+    Ping,
+    /// Is there a verified checkpoint on this node for this container to restore from?
+    RestorePlan(RestorePlanRequest),
+    /// The container is being stopped (SIGTERM): take a last checkpoint within `deadline_ms`.
+    FinalCheckpoint(FinalCheckpointRequest),
+    /// What the runtime did with a container; fire and forget (the agent does not answer).
+    Report(ReportRequest),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestorePlanRequest {
+    pub container_id: String,
+    #[serde(flatten)]
+    pub pod: PodRef,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalCheckpointRequest {
+    pub container_id: String,
+    /// The pod and container, when the runtime knows them (from runc's state).
+    #[serde(flatten)]
+    pub pod: PodRef,
+    /// The longest the runtime will wait for the answer; the agent bounds it further by the
+    /// pod's grace period and answers `skipped` or `failed` rather than run late.
+    pub deadline_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportRequest {
+    pub container_id: String,
+    #[serde(flatten)]
+    pub pod: PodRef,
+    pub event: ReportEvent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReportEvent {
+    /// `create` restored the container from this checkpoint.
+    Restored {
+        checkpoint_ref: String,
+        /// Wall time of the restore inside `create` (rootfs diff + `runc restore`).
+        restore_ms: u64,
+    },
+    /// `create` started the container cold; `reason` says why (no plan, a doubt, a failure).
+    ColdStart {
+        reason: String,
+        /// The plan that was not used, when there was one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint_ref: Option<String>,
+    },
+}
+
+/// A response on the agent socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    pub v: u32,
+    #[serde(flatten)]
+    pub body: ResponseBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ResponseBody {
+    Pong {
+        #[serde(default)]
+        agent: String,
+    },
+    Plan(Plan),
+    NoPlan {
+        reason: String,
+    },
+    /// The final checkpoint is complete and published.
+    Done {
+        checkpoint_ref: String,
+    },
+    /// No final checkpoint was taken, on purpose (not opted in, policy off, deadline too short).
+    Skipped {
+        reason: String,
+    },
+    Failed {
+        reason: String,
+    },
+    /// The agent could not serve the request (bad request, unsupported version).
+    Error {
+        reason: String,
+    },
+}
+
+/// A restore the agent has prepared: the archive is fetched, verified and unpacked into
+/// `image_dir` (an `stasis_engine::image::ImageDir`: `criu/` and `rootfs/`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub image_dir: PathBuf,
+    /// How the filesystem changes were captured; `None`: nothing to put back.
+    #[serde(default)]
+    pub rootfs_method: Option<RootfsMethod>,
+    /// The checkpoint's name in the store (reported back, shown in Events).
+    pub checkpoint_ref: String,
+    /// Restore established TCP connections (`--tcp-established`).
+    #[serde(default)]
+    pub tcp_established: bool,
+}
+
+/// The answer to a `restore_plan` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanAnswer {
+    Plan(Plan),
+    NoPlan { reason: String },
+}
+
+/// The answer to a `final_checkpoint` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointAnswer {
+    Done { checkpoint_ref: String },
+    Skipped { reason: String },
+    Failed { reason: String },
+}
+
+impl Request {
+    pub fn new(body: RequestBody) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            body,
+        }
+    }
+}
+
+impl Response {
+    pub fn new(body: ResponseBody) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            body,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> PodRef {
+        PodRef {
+            pod_uid: "7c1b-uid".into(),
+            pod_namespace: "ns".into(),
+            pod_name: "p-0".into(),
+            container_name: "app".into(),
+        }
+    }
+
+    #[test]
+    fn wire_format_is_flat_and_versioned() {
+        let r = Request::new(RequestBody::RestorePlan(RestorePlanRequest {
+            container_id: "c1".into(),
+            pod: pod(),
+        }));
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            s,
+            r#"{"v":1,"op":"restore_plan","container_id":"c1","pod_uid":"7c1b-uid","pod_namespace":"ns","pod_name":"p-0","container_name":"app"}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        assert_eq!(
+            serde_json::to_string(&Request::new(RequestBody::Ping)).unwrap(),
+            r#"{"v":1,"op":"ping"}"#
+        );
+        let plan = Response::new(ResponseBody::Plan(Plan {
+            image_dir: "/var/lib/stasis/img/x".into(),
+            rootfs_method: Some(RootfsMethod::OverlayUpper),
+            checkpoint_ref: "ns/p/3".into(),
+            tcp_established: true,
+        }));
+        let s = serde_json::to_string(&plan).unwrap();
+        assert_eq!(
+            s,
+            r#"{"v":1,"result":"plan","image_dir":"/var/lib/stasis/img/x","rootfs_method":"overlay_upper","checkpoint_ref":"ns/p/3","tcp_established":true}"#
+        );
+        assert_eq!(serde_json::from_str::<Response>(&s).unwrap(), plan);
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let reqs = [
+            RequestBody::Ping,
+            RequestBody::FinalCheckpoint(FinalCheckpointRequest {
+                container_id: "c".into(),
+                pod: pod(),
+                deadline_ms: 20_000,
+            }),
+            RequestBody::Report(ReportRequest {
+                container_id: "c".into(),
+                pod: pod(),
+                event: ReportEvent::Restored {
+                    checkpoint_ref: "r".into(),
+                    restore_ms: 12,
+                },
+            }),
+            RequestBody::Report(ReportRequest {
+                container_id: "c".into(),
+                pod: PodRef::default(),
+                event: ReportEvent::ColdStart {
+                    reason: "no plan".into(),
+                    checkpoint_ref: None,
+                },
+            }),
+        ];
+        for b in reqs {
+            let r = Request::new(b);
+            let s = serde_json::to_string(&r).unwrap();
+            assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r, "{s}");
+        }
+        let resps = [
+            ResponseBody::Pong { agent: "a".into() },
+            ResponseBody::NoPlan { reason: "x".into() },
+            ResponseBody::Done {
+                checkpoint_ref: "r".into(),
+            },
+            ResponseBody::Skipped { reason: "s".into() },
+            ResponseBody::Failed { reason: "f".into() },
+            ResponseBody::Error { reason: "e".into() },
+        ];
+        for b in resps {
+            let r = Response::new(b);
+            let s = serde_json::to_string(&r).unwrap();
+            assert_eq!(serde_json::from_str::<Response>(&s).unwrap(), r, "{s}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_defaults_apply() {
+        let r: Response = serde_json::from_str(
+            r#"{"v":1,"result":"plan","image_dir":"/i","checkpoint_ref":"c","future":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.body,
+            ResponseBody::Plan(Plan {
+                image_dir: "/i".into(),
+                rootfs_method: None,
+                checkpoint_ref: "c".into(),
+                tcp_established: false
+            })
+        );
+        let q: Request =
+            serde_json::from_str(r#"{"v":1,"op":"restore_plan","container_id":"c"}"#).unwrap();
+        assert_eq!(
+            q.body,
+            RequestBody::RestorePlan(RestorePlanRequest {
+                container_id: "c".into(),
+                pod: PodRef::default()
+            })
+        );
+    }
+}

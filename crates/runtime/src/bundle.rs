@@ -1,0 +1,223 @@
+//! What the wrapper reads from an OCI bundle's `config.json`: the rootfs and the CRI annotations
+//! that say which pod and container this is.
+//!
+//! Annotation names, from containerd's `internal/cri/annotations` (2.x; `pkg/cri/annotations` in
+//! 1.7): `io.kubernetes.cri.container-type` (`sandbox` | `container`),
+//! `io.kubernetes.cri.sandbox-id`, `io.kubernetes.cri.sandbox-uid`,
+//! `io.kubernetes.cri.sandbox-namespace`, `io.kubernetes.cri.sandbox-name`,
+//! `io.kubernetes.cri.container-name`. CRI-O's are `io.kubernetes.cri-o.ContainerType` and
+//! the kubelet's `io.kubernetes.pod.uid` / `.pod.namespace` / `.pod.name` /
+//! `io.kubernetes.container.name`, accepted as fallbacks.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use stasis_node_api::PodRef;
+
+pub const CONTAINER_TYPE: &[&str] = &[
+    "io.kubernetes.cri.container-type",
+    "io.kubernetes.cri-o.ContainerType",
+];
+pub const POD_UID: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
+pub const POD_NAMESPACE: &[&str] = &[
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
+pub const POD_NAME: &[&str] = &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
+pub const CONTAINER_NAME: &[&str] = &[
+    "io.kubernetes.cri.container-name",
+    "io.kubernetes.container.name",
+];
+/// A pod annotation that forces a cold start (containerd passes pod annotations into the
+/// container's OCI annotations when the runtime handler lists them in `pod_annotations`; the
+/// chart registers `stasis` with `pod_annotations = ["stasis.dev/*"]`).
+pub const FORCE_COLD_START: &str = "stasis.dev/cold-start";
+
+#[derive(Debug, Deserialize)]
+struct Config {
+    root: Root,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Root {
+    path: PathBuf,
+}
+
+/// The parts of a bundle the wrapper uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    pub dir: PathBuf,
+    pub rootfs: PathBuf,
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not an OCI runtime config: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+/// Reads `<dir>/config.json`.
+pub fn read(dir: &Path) -> Result<Bundle, BundleError> {
+    let path = dir.join("config.json");
+    let raw = std::fs::read(&path).map_err(|source| BundleError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    parse(dir, &raw).map_err(|source| BundleError::Parse { path, source })
+}
+
+/// Parses a `config.json`'s content; a relative `root.path` is relative to the bundle.
+pub fn parse(dir: &Path, raw: &[u8]) -> Result<Bundle, serde_json::Error> {
+    let c: Config = serde_json::from_slice(raw)?;
+    let rootfs = if c.root.path.is_absolute() {
+        c.root.path
+    } else {
+        dir.join(c.root.path)
+    };
+    Ok(Bundle {
+        dir: dir.to_path_buf(),
+        rootfs,
+        annotations: c.annotations,
+    })
+}
+
+/// What kind of container a bundle is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerKind {
+    /// A pod sandbox (the pause container): never restored, never checkpointed on its own.
+    Sandbox,
+    /// An application container of a pod.
+    App(PodRef),
+    /// No CRI annotations (plain runc use, tests): a container known only by its id.
+    Plain,
+}
+
+fn first<'a>(a: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+    keys.iter().find_map(|k| a.get(*k)).map(String::as_str)
+}
+
+/// Classifies a container by its annotations.
+pub fn classify(a: &BTreeMap<String, String>) -> ContainerKind {
+    match first(a, CONTAINER_TYPE) {
+        Some("sandbox") => ContainerKind::Sandbox,
+        Some(_) => ContainerKind::App(PodRef {
+            pod_uid: first(a, POD_UID).unwrap_or_default().to_owned(),
+            pod_namespace: first(a, POD_NAMESPACE).unwrap_or_default().to_owned(),
+            pod_name: first(a, POD_NAME).unwrap_or_default().to_owned(),
+            container_name: first(a, CONTAINER_NAME).unwrap_or_default().to_owned(),
+        }),
+        None => ContainerKind::Plain,
+    }
+}
+
+/// Whether the pod asks for a cold start.
+pub fn forces_cold_start(a: &BTreeMap<String, String>) -> bool {
+    a.get(FORCE_COLD_START)
+        .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
+}
+
+/// The annotations runc keeps in its state (`<root>/<id>/state.json`: `config.labels` holds
+/// `bundle=<dir>` and every annotation as `key=value`), so `kill` can tell a sandbox from an app
+/// container without the bundle.
+pub fn annotations_from_runc_state(raw: &[u8]) -> Option<BTreeMap<String, String>> {
+    #[derive(Deserialize)]
+    struct State {
+        config: StateConfig,
+    }
+    #[derive(Deserialize)]
+    struct StateConfig {
+        #[serde(default)]
+        labels: Vec<String>,
+    }
+    let s: State = serde_json::from_slice(raw).ok()?;
+    Some(
+        s.config
+            .labels
+            .iter()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CRI_APP: &str = r#"{"ociVersion":"1.2.0","process":{"args":["/app"]},
+      "root":{"path":"rootfs"},
+      "annotations":{
+        "io.kubernetes.cri.container-type":"container",
+        "io.kubernetes.cri.sandbox-id":"5f0d",
+        "io.kubernetes.cri.sandbox-uid":"0b5c7e1a-1111-2222-3333-444455556666",
+        "io.kubernetes.cri.sandbox-namespace":"default",
+        "io.kubernetes.cri.sandbox-name":"counter-7d9f-x2",
+        "io.kubernetes.cri.container-name":"counter",
+        "io.kubernetes.cri.image-name":"stasis-counter:dev"}}"#;
+
+    #[test]
+    fn cri_app_container() {
+        let b = parse(Path::new("/b"), CRI_APP.as_bytes()).unwrap();
+        assert_eq!(b.rootfs, Path::new("/b/rootfs"));
+        assert_eq!(
+            classify(&b.annotations),
+            ContainerKind::App(PodRef {
+                pod_uid: "0b5c7e1a-1111-2222-3333-444455556666".into(),
+                pod_namespace: "default".into(),
+                pod_name: "counter-7d9f-x2".into(),
+                container_name: "counter".into(),
+            })
+        );
+        assert!(!forces_cold_start(&b.annotations));
+    }
+
+    #[test]
+    fn sandbox_plain_crio_and_forced_cold() {
+        let sb = r#"{"root":{"path":"/abs/rootfs"},"annotations":{"io.kubernetes.cri.container-type":"sandbox"}}"#;
+        let b = parse(Path::new("/b"), sb.as_bytes()).unwrap();
+        assert_eq!(b.rootfs, Path::new("/abs/rootfs"));
+        assert_eq!(classify(&b.annotations), ContainerKind::Sandbox);
+        let plain = parse(Path::new("/b"), br#"{"root":{"path":"rootfs"}}"#).unwrap();
+        assert_eq!(classify(&plain.annotations), ContainerKind::Plain);
+        let crio = r#"{"root":{"path":"r"},"annotations":{"io.kubernetes.cri-o.ContainerType":"container",
+          "io.kubernetes.pod.uid":"u1","io.kubernetes.pod.namespace":"ns","io.kubernetes.pod.name":"p",
+          "io.kubernetes.container.name":"c","stasis.dev/cold-start":"True"}}"#;
+        let b = parse(Path::new("/b"), crio.as_bytes()).unwrap();
+        let ContainerKind::App(pod) = classify(&b.annotations) else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                pod.pod_uid.as_str(),
+                pod.pod_namespace.as_str(),
+                pod.pod_name.as_str(),
+                pod.container_name.as_str()
+            ),
+            ("u1", "ns", "p", "c")
+        );
+        assert!(forces_cold_start(&b.annotations));
+        assert!(parse(Path::new("/b"), b"{}").is_err());
+    }
+
+    #[test]
+    fn runc_state_labels() {
+        let raw = br#"{"id":"x","config":{"labels":["bundle=/b","io.kubernetes.cri.container-type=sandbox","k=a=b"]}}"#;
+        let a = annotations_from_runc_state(raw).unwrap();
+        assert_eq!(a["bundle"], "/b");
+        assert_eq!(classify(&a), ContainerKind::Sandbox);
+        assert_eq!(a["k"], "a=b");
+        assert!(annotations_from_runc_state(b"nope").is_none());
+    }
+}
