@@ -69,10 +69,39 @@ pub(crate) struct ChunkBuf {
     off: usize,
 }
 
+/// Capacity of pooled buffers: the largest chunk object, padded, plus alignment slack.
+const POOLED_CAP: usize = (HEADER_LEN + MAX_CHUNK + TAG_LEN).div_ceil(ALIGN) * ALIGN + ALIGN;
+/// Buffers kept for reuse. Fresh memory is expensive here (first-touch page faults cost more
+/// than the encryption), so chunk buffers are recycled; at most this many are kept.
+const POOL_MAX: usize = 24;
+static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+impl Drop for ChunkBuf {
+    fn drop(&mut self) {
+        if self.vec.capacity() == POOLED_CAP {
+            let mut v = std::mem::take(&mut self.vec);
+            v.clear();
+            if let Ok(mut pool) = POOL.lock() {
+                if pool.len() < POOL_MAX {
+                    pool.push(v);
+                }
+            }
+        }
+    }
+}
+
 impl ChunkBuf {
     /// An empty buffer with room for an object of up to `max_obj` bytes (plus padding).
     pub(crate) fn with_room(max_obj: usize) -> Self {
-        let mut vec: Vec<u8> = Vec::with_capacity(round_up(max_obj, ALIGN) + ALIGN);
+        let need = round_up(max_obj, ALIGN) + ALIGN;
+        let mut vec: Vec<u8> = if need <= POOLED_CAP {
+            POOL.lock()
+                .ok()
+                .and_then(|mut p| p.pop())
+                .unwrap_or_else(|| Vec::with_capacity(POOLED_CAP))
+        } else {
+            Vec::with_capacity(need)
+        };
         let off = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
         vec.resize(off, 0);
         ChunkBuf { vec, off }
@@ -123,9 +152,10 @@ impl ChunkBuf {
         self.vec.truncate(self.off + n);
     }
 
-    pub(crate) fn into_bytes(self) -> bytes::Bytes {
+    pub(crate) fn into_bytes(mut self) -> bytes::Bytes {
         let len = self.len();
-        bytes::Bytes::from(self.vec).slice(self.off..self.off + len)
+        let off = self.off;
+        bytes::Bytes::from(std::mem::take(&mut self.vec)).slice(off..off + len)
     }
 }
 
