@@ -4,14 +4,21 @@
 //! - [`manifest`]: the schema-versioned checkpoint manifest the store writes last;
 //! - [`fingerprint`]: what a node is (CPU, kernel, CRIU, runc, GPU) and the rule that decides
 //!   whether a checkpoint may be restored on it;
-//! - [`gpu`]: the GPU part of the fingerprint and its compatibility rule.
+//! - [`gpu`]: the GPU part of the fingerprint and its compatibility rule;
+//! - Kubernetes decisions (docs/design.md §10): [`workload`] identity, [`lineage`] claims and
+//!   fencing, [`policy`] math, the [`podspec`] hash and the restore [`decision`].
 //!
 //! Everything here is pure: the engine and the CLI gather facts from the machine and hand them in.
 
+pub mod decision;
 pub mod fingerprint;
 pub mod gpu;
+pub mod lineage;
 pub mod manifest;
+pub mod podspec;
+pub mod policy;
 pub mod reference;
+pub mod workload;
 
 pub use fingerprint::{
     CpuFingerprint, Mismatch, NodeFingerprint, Requirements, RestoreTarget, Version,

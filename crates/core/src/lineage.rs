@@ -1,0 +1,518 @@
+//! Lineages, claims, generations and fencing (DESIGN §3), retention per lineage, and the
+//! restore-loop guard.
+//!
+//! A lineage is the history of checkpoints one running pod writes. When the pod dies its lineage
+//! is *orphaned*; a replacement pod of the same workload *claims* exactly one orphaned lineage
+//! and continues it. Rules, each enforced here:
+//!
+//! - **One holder.** Only orphaned lineages can be claimed, and a claim makes the lineage held:
+//!   two replicas never share a lineage, and no checkpoint is restored twice.
+//! - **Newest first.** Among orphaned lineages of the workload, the one whose latest checkpoint
+//!   is newest is claimed (ties and lineages without checkpoints: by id, for determinism).
+//! - **Fencing.** Every claim bumps the lineage's generation; a checkpoint carries the generation
+//!   its writer held. [`may_publish`] refuses a checkpoint from an older generation, so a pod on
+//!   a cut-off node can never publish a new latest after its replacement claimed the lineage.
+//!   Orphaning does not fence: the final checkpoint of a pod being stopped (written under the
+//!   same generation) still publishes, and its replacement waits for it (DESIGN §3).
+//! - **Retention** counts per lineage and never deletes a lineage's latest.
+//! - **No restore loops.** A restore that fails again the same way marks its checkpoint bad and
+//!   backs off to the previous one; after [`MAX_BAD_BACKOFF`] bad checkpoints, cold start.
+//!
+//! The controller persists these records (optimistic concurrency on the object that holds them
+//! makes each claim atomic); this module decides.
+
+use serde::{Deserialize, Serialize};
+
+use crate::reference::{CheckpointId, WorkloadName};
+use crate::workload::bounded_name;
+
+/// A complete checkpoint of a lineage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineageCheckpoint {
+    pub id: CheckpointId,
+    /// Generation its writer held.
+    pub generation: u64,
+    /// Creation time, Unix milliseconds (for `maxAge` retention).
+    pub created_unix_ms: u64,
+}
+
+/// A failed restore, remembered so the same failure does not repeat forever.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreFailure {
+    pub checkpoint: CheckpointId,
+    /// What went wrong, reduced to something comparable: `restore: <error kind>`,
+    /// `exit: OOMKilled`, `exit: 139`.
+    pub signature: String,
+}
+
+/// One lineage's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    /// Unique id, also the store's workload name for its checkpoints.
+    pub id: WorkloadName,
+    /// The workload key ([`crate::workload::WorkloadIdentity::key`]).
+    pub workload: WorkloadName,
+    /// Bumped by every claim; starts at 1.
+    pub generation: u64,
+    /// UID of the pod that holds (or last held) the lineage.
+    pub holder: Option<String>,
+    /// The holder is gone: the lineage waits for a replacement to claim it.
+    pub orphaned: bool,
+    /// Complete checkpoints, oldest first.
+    pub checkpoints: Vec<LineageCheckpoint>,
+    /// Restore failures since the last successful restore.
+    pub failures: Vec<RestoreFailure>,
+    /// Checkpoints a restore failed from twice the same way (or [`MAX_TRIES_PER_CHECKPOINT`]
+    /// times in any way): never restored again.
+    pub bad: Vec<CheckpointId>,
+}
+
+/// Tries of one checkpoint (failing in different ways) before it is marked bad.
+pub const MAX_TRIES_PER_CHECKPOINT: usize = 3;
+/// Bad checkpoints passed over (newest first) before the guard gives up and cold-starts: the
+/// latest, then the previous one, then a cold start.
+pub const MAX_BAD_BACKOFF: usize = 2;
+
+/// The result of a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub lineage: WorkloadName,
+    /// The generation the claimant now holds (checkpoints it writes carry it).
+    pub generation: u64,
+    /// What to restore from, per the restore-loop guard.
+    pub choice: RestoreChoice,
+    /// True when the pod already held this lineage (a retried admission): nothing was bumped.
+    pub existing: bool,
+}
+
+/// What the restore-loop guard allows for a lineage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreChoice {
+    /// Restore this checkpoint.
+    Checkpoint {
+        id: CheckpointId,
+        /// The generation it was written under.
+        generation: u64,
+    },
+    /// No checkpoint to restore; the text says why.
+    ColdStart(String),
+}
+
+/// Why a checkpoint was not published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceError {
+    #[error("lineage {lineage} is at generation {current}; a checkpoint written under generation {written} is fenced off (a newer pod claimed the lineage)")]
+    Fenced {
+        lineage: WorkloadName,
+        current: u64,
+        written: u64,
+    },
+}
+
+impl Lineage {
+    /// A new lineage for a pod that found nothing to claim. Its id is the workload key plus the
+    /// first 8 hex digits of the pod's UID, lengthened (then suffixed) until it is distinct from
+    /// every id in `existing`.
+    pub fn start(workload: &WorkloadName, pod_uid: &str, existing: &[Lineage]) -> Self {
+        let hex: String = pod_uid
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        let taken = |id: &WorkloadName| existing.iter().any(|l| &l.id == id);
+        let mut id = None;
+        for len in [8, 12, 16, 32] {
+            let tail = if hex.is_empty() {
+                "0"
+            } else {
+                &hex[..len.min(hex.len())]
+            };
+            let candidate = bounded_name(&format!("{}.{tail}", workload.as_str()));
+            if !taken(&candidate) {
+                id = Some(candidate);
+                break;
+            }
+        }
+        let id = id.unwrap_or_else(|| {
+            (1..)
+                .map(|n| bounded_name(&format!("{}.{hex}.{n}", workload.as_str())))
+                .find(|c| !taken(c))
+                .expect("an unbounded sequence has a free name")
+        });
+        Self {
+            id,
+            workload: workload.clone(),
+            generation: 1,
+            holder: Some(pod_uid.to_owned()),
+            orphaned: false,
+            checkpoints: Vec::new(),
+            failures: Vec::new(),
+            bad: Vec::new(),
+        }
+    }
+
+    /// The newest complete checkpoint.
+    pub fn latest(&self) -> Option<&LineageCheckpoint> {
+        self.checkpoints.iter().max_by(|a, b| a.id.cmp(&b.id))
+    }
+
+    /// The holder pod is gone (deleted, evicted, its node lost). Idempotent.
+    pub fn orphan(&mut self) {
+        self.orphaned = true;
+    }
+
+    /// Records a complete checkpoint, unless it is fenced off ([`may_publish`]).
+    pub fn publish(&mut self, checkpoint: LineageCheckpoint) -> Result<(), FenceError> {
+        if !may_publish(self, checkpoint.generation) {
+            return Err(FenceError::Fenced {
+                lineage: self.id.clone(),
+                current: self.generation,
+                written: checkpoint.generation,
+            });
+        }
+        if !self.checkpoints.iter().any(|c| c.id == checkpoint.id) {
+            self.checkpoints.push(checkpoint);
+            self.checkpoints.sort_by(|a, b| a.id.cmp(&b.id));
+        }
+        Ok(())
+    }
+
+    /// The restore-loop guard: walk checkpoints newest first, skipping bad ones; after
+    /// [`MAX_BAD_BACKOFF`] bad ones, cold start.
+    pub fn restore_choice(&self) -> RestoreChoice {
+        let mut skipped = 0;
+        for c in self.checkpoints.iter().rev() {
+            if self.bad.contains(&c.id) {
+                skipped += 1;
+                if skipped >= MAX_BAD_BACKOFF {
+                    break;
+                }
+                continue;
+            }
+            return RestoreChoice::Checkpoint {
+                id: c.id.clone(),
+                generation: c.generation,
+            };
+        }
+        if skipped == 0 {
+            RestoreChoice::ColdStart(format!("lineage {} has no complete checkpoint", self.id))
+        } else {
+            let why = self
+                .failures
+                .last()
+                .map(|f| format!(" (last: {})", f.signature))
+                .unwrap_or_default();
+            RestoreChoice::ColdStart(format!(
+                "restores from {skipped} checkpoint(s) of lineage {} failed repeatedly{why}; not restoring again",
+                self.id
+            ))
+        }
+    }
+
+    /// Remembers a failed restore (or a restored pod that failed). The checkpoint becomes bad
+    /// when it failed twice with the same signature, or [`MAX_TRIES_PER_CHECKPOINT`] times.
+    pub fn record_restore_failure(&mut self, checkpoint: &CheckpointId, signature: &str) {
+        let same = self
+            .failures
+            .iter()
+            .filter(|f| &f.checkpoint == checkpoint && f.signature == signature)
+            .count();
+        let any = self
+            .failures
+            .iter()
+            .filter(|f| &f.checkpoint == checkpoint)
+            .count();
+        self.failures.push(RestoreFailure {
+            checkpoint: checkpoint.clone(),
+            signature: signature.to_owned(),
+        });
+        if (same + 1 >= 2 || any + 1 >= MAX_TRIES_PER_CHECKPOINT) && !self.bad.contains(checkpoint)
+        {
+            self.bad.push(checkpoint.clone());
+        }
+    }
+
+    /// A restore worked (the pod ran past its probation): forget the failures. Bad checkpoints
+    /// stay bad.
+    pub fn record_restore_success(&mut self) {
+        self.failures.clear();
+    }
+
+    /// Number of failures since the last success.
+    pub fn failure_count(&self) -> usize {
+        self.failures.len()
+    }
+}
+
+/// True when a checkpoint written under `checkpoint_generation` may become the lineage's
+/// latest: only the current generation publishes. False after any newer claim.
+pub fn may_publish(lineage: &Lineage, checkpoint_generation: u64) -> bool {
+    checkpoint_generation == lineage.generation
+}
+
+/// Claims a lineage of `workload` for the pod `pod_uid`:
+///
+/// 1. a lineage this pod already holds is returned unchanged (admission may be retried);
+/// 2. otherwise the orphaned lineage of the workload with the newest latest checkpoint is taken:
+///    holder set, no longer orphaned, generation bumped;
+/// 3. `None` when there is none: the caller starts a new lineage ([`Lineage::start`]).
+pub fn claim(lineages: &mut [Lineage], workload: &WorkloadName, pod_uid: &str) -> Option<Claim> {
+    if let Some(l) = lineages
+        .iter()
+        .find(|l| &l.workload == workload && !l.orphaned && l.holder.as_deref() == Some(pod_uid))
+    {
+        return Some(Claim {
+            lineage: l.id.clone(),
+            generation: l.generation,
+            choice: l.restore_choice(),
+            existing: true,
+        });
+    }
+    let pick = lineages
+        .iter_mut()
+        .filter(|l| &l.workload == workload && l.orphaned)
+        .max_by(|a, b| {
+            let la = a.latest().map(|c| &c.id);
+            let lb = b.latest().map(|c| &c.id);
+            // Newest latest first; a lineage with checkpoints beats one without (Some > None);
+            // then the smaller id wins (reverse, since max_by keeps the greatest).
+            la.cmp(&lb).then_with(|| b.id.cmp(&a.id))
+        })?;
+    pick.generation += 1;
+    pick.holder = Some(pod_uid.to_owned());
+    pick.orphaned = false;
+    Some(Claim {
+        lineage: pick.id.clone(),
+        generation: pick.generation,
+        choice: pick.restore_choice(),
+        existing: false,
+    })
+}
+
+/// Retention for one lineage: the ids to delete so that at most `keep_last` complete checkpoints
+/// remain and none is older than `max_age_ms` (when given). The latest is always kept, and so is
+/// any id in `pinned` (a restore in progress reads it).
+pub fn retention(
+    lineage: &Lineage,
+    keep_last: usize,
+    max_age_ms: Option<u64>,
+    now_unix_ms: u64,
+    pinned: &[CheckpointId],
+) -> Vec<CheckpointId> {
+    let keep_last = keep_last.max(1);
+    let latest = lineage.latest().map(|c| c.id.clone());
+    let mut newest_first: Vec<&LineageCheckpoint> = lineage.checkpoints.iter().collect();
+    newest_first.sort_by(|a, b| b.id.cmp(&a.id));
+    newest_first
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| {
+            let too_many = *i >= keep_last;
+            let too_old =
+                max_age_ms.is_some_and(|max| now_unix_ms.saturating_sub(c.created_unix_ms) > max);
+            (too_many || too_old) && Some(&c.id) != latest.as_ref() && !pinned.contains(&c.id)
+        })
+        .map(|(_, c)| c.id.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wl(s: &str) -> WorkloadName {
+        WorkloadName::new(s).unwrap()
+    }
+    fn ck(ms: u64, gen: u64) -> LineageCheckpoint {
+        LineageCheckpoint {
+            id: CheckpointId::from_parts(ms, ms as u32),
+            generation: gen,
+            created_unix_ms: ms,
+        }
+    }
+    fn lineage_with(workload: &str, uid: &str, times: &[u64]) -> Lineage {
+        let mut l = Lineage::start(&wl(workload), uid, &[]);
+        for t in times {
+            l.publish(ck(*t, l.generation)).unwrap();
+        }
+        l
+    }
+
+    #[test]
+    fn start_gives_distinct_valid_ids() {
+        let w = wl("ns_deploy_app");
+        let a = Lineage::start(&w, "3f2a9c10-0000-4000-8000-000000000001", &[]);
+        assert_eq!(a.id.as_str(), "ns_deploy_app.3f2a9c10");
+        assert_eq!(a.generation, 1);
+        assert!(!a.orphaned);
+        // Same UID prefix: a longer id.
+        let b = Lineage::start(
+            &w,
+            "3f2a9c10-1111-4000-8000-000000000002",
+            std::slice::from_ref(&a),
+        );
+        assert_ne!(a.id, b.id);
+        let c = Lineage::start(
+            &w,
+            "3f2a9c10-1111-4000-8000-000000000002",
+            &[a.clone(), b.clone()],
+        );
+        assert!(c.id != a.id && c.id != b.id);
+    }
+
+    #[test]
+    fn claim_takes_orphan_with_newest_latest_and_bumps_generation() {
+        let mut old = lineage_with("w", "aaaaaaaa", &[1_000, 2_000]);
+        let mut new = lineage_with("w", "bbbbbbbb", &[1_500, 3_000]);
+        let mut other = lineage_with("x", "cccccccc", &[9_000]);
+        old.orphan();
+        new.orphan();
+        other.orphan();
+        let mut all = vec![old, new.clone(), other];
+        let c = claim(&mut all, &wl("w"), "pod-1").unwrap();
+        assert_eq!(c.lineage, new.id);
+        assert_eq!(c.generation, 2);
+        assert!(!c.existing);
+        assert_eq!(
+            c.choice,
+            RestoreChoice::Checkpoint {
+                id: ck(3_000, 1).id,
+                generation: 1
+            }
+        );
+        let held = all.iter().find(|l| l.id == new.id).unwrap();
+        assert!(!held.orphaned);
+        assert_eq!(held.holder.as_deref(), Some("pod-1"));
+    }
+
+    #[test]
+    fn two_replicas_never_share_a_lineage() {
+        let mut a = lineage_with("w", "aaaaaaaa", &[1_000]);
+        a.orphan();
+        let mut all = vec![a];
+        let first = claim(&mut all, &wl("w"), "pod-1").unwrap();
+        // The second replica finds nothing orphaned and must start its own lineage.
+        assert!(claim(&mut all, &wl("w"), "pod-2").is_none());
+        // The first claimant retrying admission gets the same claim, no second bump.
+        let again = claim(&mut all, &wl("w"), "pod-1").unwrap();
+        assert!(again.existing);
+        assert_eq!(again.lineage, first.lineage);
+        assert_eq!(again.generation, first.generation);
+    }
+
+    #[test]
+    fn orphans_with_checkpoints_win_and_ties_break_by_id() {
+        let mut empty = Lineage::start(&wl("w"), "00000000", &[]);
+        empty.orphan();
+        let mut full = lineage_with("w", "ffffffff", &[5]);
+        full.orphan();
+        let mut all = vec![empty.clone(), full.clone()];
+        assert_eq!(claim(&mut all, &wl("w"), "p").unwrap().lineage, full.id);
+        let mut e2 = Lineage::start(&wl("w"), "11111111", &[]);
+        e2.orphan();
+        let mut all = vec![e2.clone(), empty.clone()];
+        assert_eq!(claim(&mut all, &wl("w"), "p").unwrap().lineage, empty.id);
+        assert!(matches!(
+            claim(&mut [e2], &wl("w"), "q").unwrap().choice,
+            RestoreChoice::ColdStart(_)
+        ));
+    }
+
+    #[test]
+    fn fencing_refuses_old_generation_after_a_newer_claim() {
+        let mut l = lineage_with("w", "aaaaaaaa", &[1_000]);
+        let gen_of_source = l.generation;
+        // Orphaning alone does not fence: a final checkpoint still publishes.
+        l.orphan();
+        assert!(may_publish(&l, gen_of_source));
+        l.publish(ck(2_000, gen_of_source)).unwrap();
+        let mut all = vec![l];
+        let c = claim(&mut all, &wl("w"), "new-pod").unwrap();
+        let l = &mut all[0];
+        // The cut-off node's heartbeat arrives late: refused, latest unchanged.
+        assert!(!may_publish(l, gen_of_source));
+        let err = l.publish(ck(3_000, gen_of_source)).unwrap_err();
+        assert!(err.to_string().contains("fenced off"), "{err}");
+        assert_eq!(l.latest().unwrap().id, ck(2_000, 1).id);
+        // The new holder publishes.
+        l.publish(ck(4_000, c.generation)).unwrap();
+        assert_eq!(l.latest().unwrap().id, ck(4_000, 2).id);
+        // Publishing twice is idempotent.
+        l.publish(ck(4_000, c.generation)).unwrap();
+        assert_eq!(l.checkpoints.len(), 3);
+    }
+
+    #[test]
+    fn restore_loop_backs_off_to_previous_then_cold_start() {
+        let mut l = lineage_with("w", "aaaaaaaa", &[1_000, 2_000, 3_000]);
+        let (c1, c2, c3) = (ck(1_000, 1).id, ck(2_000, 1).id, ck(3_000, 1).id);
+        assert_eq!(
+            l.restore_choice(),
+            RestoreChoice::Checkpoint {
+                id: c3.clone(),
+                generation: 1
+            }
+        );
+        // One failure: may be transient, try the same checkpoint again.
+        l.record_restore_failure(&c3, "exit: 139");
+        assert!(
+            matches!(l.restore_choice(), RestoreChoice::Checkpoint { ref id, .. } if *id == c3)
+        );
+        // Fails again the same way: back off to the previous checkpoint.
+        l.record_restore_failure(&c3, "exit: 139");
+        assert!(
+            matches!(l.restore_choice(), RestoreChoice::Checkpoint { ref id, .. } if *id == c2)
+        );
+        l.record_restore_failure(&c2, "exit: 139");
+        l.record_restore_failure(&c2, "exit: 139");
+        // Two bad checkpoints: cold start, never c1, and the reason names the failure.
+        match l.restore_choice() {
+            RestoreChoice::ColdStart(why) => {
+                assert!(
+                    why.contains("exit: 139") && why.contains("failed repeatedly"),
+                    "{why}"
+                )
+            }
+            other => panic!("expected cold start, got {other:?} (c1 = {c1})"),
+        }
+        assert_eq!(l.failure_count(), 4);
+        // New checkpoints after the cold start are restorable again.
+        l.publish(ck(4_000, 1)).unwrap();
+        assert!(
+            matches!(l.restore_choice(), RestoreChoice::Checkpoint { ref id, .. } if *id == ck(4_000, 1).id)
+        );
+        l.record_restore_success();
+        assert_eq!(l.failure_count(), 0);
+    }
+
+    #[test]
+    fn different_failures_still_end_after_max_tries() {
+        let mut l = lineage_with("w", "aaaaaaaa", &[1_000]);
+        let c = ck(1_000, 1).id;
+        l.record_restore_failure(&c, "a");
+        l.record_restore_failure(&c, "b");
+        assert!(matches!(
+            l.restore_choice(),
+            RestoreChoice::Checkpoint { .. }
+        ));
+        l.record_restore_failure(&c, "c");
+        assert!(matches!(l.restore_choice(), RestoreChoice::ColdStart(_)));
+    }
+
+    #[test]
+    fn retention_per_lineage_keeps_latest_and_pinned() {
+        let l = lineage_with("w", "aaaaaaaa", &[1_000, 2_000, 3_000, 4_000, 5_000]);
+        let del = retention(&l, 2, None, 10_000, &[]);
+        assert_eq!(del, vec![ck(3_000, 1).id, ck(2_000, 1).id, ck(1_000, 1).id]);
+        let del = retention(&l, 2, None, 10_000, &[ck(2_000, 1).id]);
+        assert_eq!(del, vec![ck(3_000, 1).id, ck(1_000, 1).id]);
+        // Age: everything older than 2.5 s at t=6 s goes, but the latest stays even if old.
+        let del = retention(&l, 10, Some(2_500), 6_000, &[]);
+        assert_eq!(del, vec![ck(3_000, 1).id, ck(2_000, 1).id, ck(1_000, 1).id]);
+        let del = retention(&l, 10, Some(1), 1_000_000, &[]);
+        assert!(!del.contains(&ck(5_000, 1).id));
+        assert_eq!(del.len(), 4);
+        // keep_last 0 is treated as 1: the latest is never deleted.
+        assert_eq!(retention(&l, 0, None, 0, &[]).len(), 4);
+    }
+}

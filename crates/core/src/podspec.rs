@@ -1,0 +1,534 @@
+//! The normalised pod spec hash (DESIGN §5), and the volume facts the restore decision needs.
+//!
+//! A checkpoint holds a pod's whole memory, so it is only ever restored into a pod whose
+//! security-relevant spec is the source's. The hash is taken over a normalised spec (the pod's
+//! `spec` as Kubernetes JSON, camelCase), built by these rules:
+//!
+//! **Kept** (an allow-list: a field not listed cannot make two equal pods differ, and a field
+//! that matters for security is listed):
+//! - pod level: `serviceAccountName` (falling back to the deprecated `serviceAccount`, then
+//!   `default`), `automountServiceAccountToken`, `securityContext`, `hostNetwork`, `hostPID`,
+//!   `hostIPC`, `hostUsers`, `shareProcessNamespace`, `runtimeClassName`, `volumes`;
+//! - per container (`containers` sorted by name; `initContainers` in their order, since order is
+//!   meaningful there): `name`, `image`, `command`, `args`, `workingDir`, `securityContext`,
+//!   `volumeMounts` (sorted by `mountPath`).
+//!
+//! **Left out**: everything generated or placed per instance (node name, pod name and UID,
+//! hostname, status, scheduler and priority fields, tolerations the API server adds),
+//! `ephemeralContainers` (added later through a subresource), resources, env, probes, and the
+//! projected service-account token volume `kube-api-access-*` together with its mounts (its
+//! suffix is random per pod).
+//!
+//! **Normalised**: `null`, `{}` and `[]` values are dropped (absent and empty mean the same to
+//! Kubernetes), `false` booleans are dropped for the pod-level host flags (their default), object
+//! keys are sorted. The canonical JSON (sorted keys, no whitespace) is hashed with BLAKE3 and
+//! written `blake3:<hex>`.
+//!
+//! A rollout that changes only env or resources keeps the hash; a workload that needs such a
+//! change to refuse old checkpoints declares a version label, which the compatibility rule
+//! compares.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Prefix of the projected service-account token volume the API server adds to every pod.
+pub const KUBE_API_ACCESS_PREFIX: &str = "kube-api-access-";
+
+const POD_KEYS: &[&str] = &[
+    "automountServiceAccountToken",
+    "securityContext",
+    "hostNetwork",
+    "hostPID",
+    "hostIPC",
+    "hostUsers",
+    "shareProcessNamespace",
+    "runtimeClassName",
+];
+const HOST_FLAGS: &[&str] = &["hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"];
+const CONTAINER_KEYS: &[&str] = &[
+    "name",
+    "image",
+    "command",
+    "args",
+    "workingDir",
+    "securityContext",
+];
+
+/// `blake3:<64 hex>`: the hash of a normalised pod spec.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SpecHash(pub String);
+
+impl fmt::Display for SpecHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The normalised form of a pod spec (the module documentation lists the rules). Input is the
+/// pod's `spec` object; anything that is not an object normalises to an empty object.
+pub fn normalise(spec: &Value) -> Value {
+    let empty = Map::new();
+    let spec = spec.as_object().unwrap_or(&empty);
+    let mut out = Map::new();
+    for key in POD_KEYS {
+        if let Some(v) = spec.get(*key) {
+            if HOST_FLAGS.contains(key) && v == &Value::Bool(false) {
+                continue;
+            }
+            out.insert((*key).to_owned(), v.clone());
+        }
+    }
+    let sa = spec
+        .get("serviceAccountName")
+        .or_else(|| spec.get("serviceAccount"))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default");
+    out.insert("serviceAccountName".into(), Value::String(sa.into()));
+
+    if let Some(vols) = spec.get("volumes").and_then(Value::as_array) {
+        let mut vols: Vec<Value> = vols
+            .iter()
+            .filter(|v| !is_token_volume(v))
+            .cloned()
+            .collect();
+        vols.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+        out.insert("volumes".into(), Value::Array(vols));
+    }
+    let mut containers = containers_of(spec, "containers");
+    containers.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+    out.insert("containers".into(), Value::Array(containers));
+    out.insert(
+        "initContainers".into(),
+        Value::Array(containers_of(spec, "initContainers")),
+    );
+    prune(Value::Object(out)).unwrap_or_else(|| Value::Object(Map::new()))
+}
+
+/// The hash of [`normalise`]`(spec)`. Two pods with different hashes are never restored into
+/// each other.
+pub fn spec_hash(spec: &Value) -> SpecHash {
+    let mut canonical = String::new();
+    write_canonical(&normalise(spec), &mut canonical);
+    SpecHash(format!(
+        "blake3:{}",
+        blake3::hash(canonical.as_bytes()).to_hex()
+    ))
+}
+
+fn containers_of(spec: &Map<String, Value>, key: &str) -> Vec<Value> {
+    let Some(list) = spec.get(key).and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .map(|c| {
+            let mut out = Map::new();
+            for k in CONTAINER_KEYS {
+                if let Some(v) = c.get(*k) {
+                    out.insert((*k).to_owned(), v.clone());
+                }
+            }
+            if let Some(mounts) = c.get("volumeMounts").and_then(Value::as_array) {
+                let mut mounts: Vec<Value> = mounts
+                    .iter()
+                    .filter(|m| !name_of(m).starts_with(KUBE_API_ACCESS_PREFIX))
+                    .cloned()
+                    .collect();
+                mounts.sort_by(|a, b| {
+                    let p = |m: &Value| {
+                        m.get("mountPath")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned()
+                    };
+                    p(a).cmp(&p(b))
+                });
+                out.insert("volumeMounts".into(), Value::Array(mounts));
+            }
+            Value::Object(out)
+        })
+        .collect()
+}
+
+fn name_of(v: &Value) -> &str {
+    v.get("name").and_then(Value::as_str).unwrap_or("")
+}
+
+/// The API server's token volume: named `kube-api-access-*` and projected.
+fn is_token_volume(v: &Value) -> bool {
+    name_of(v).starts_with(KUBE_API_ACCESS_PREFIX) && v.get("projected").is_some()
+}
+
+/// Drops nulls, empty objects and empty arrays, recursively; `None` when nothing is left.
+fn prune(v: Value) -> Option<Value> {
+    match v {
+        Value::Null => None,
+        Value::Object(m) => {
+            let m: Map<String, Value> = m
+                .into_iter()
+                .filter_map(|(k, v)| prune(v).map(|v| (k, v)))
+                .collect();
+            (!m.is_empty()).then_some(Value::Object(m))
+        }
+        Value::Array(a) => {
+            let a: Vec<Value> = a.into_iter().filter_map(prune).collect();
+            (!a.is_empty()).then_some(Value::Array(a))
+        }
+        other => Some(other),
+    }
+}
+
+/// Canonical JSON: keys sorted (independently of serde_json's `preserve_order` feature), no
+/// whitespace.
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let sorted: BTreeMap<&String, &Value> = m.iter().collect();
+            out.push('{');
+            for (i, (k, v)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                write_canonical(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, v) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// What kind of storage a pod volume is, for the restore decision (DESIGN §5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumeKind {
+    /// Contents captured with the checkpoint (`emptyDir`).
+    Captured,
+    /// Contents provided again, read-only, by Kubernetes (`configMap`, `secret`, `downwardAPI`,
+    /// `projected`, `image`).
+    Provided,
+    /// A PersistentVolumeClaim: outlives the pod, not captured.
+    PersistentClaim,
+    /// A hostPath: outlives the pod, not captured.
+    HostPath,
+    /// A generic ephemeral volume: a fresh, empty claim per pod, not captured.
+    Ephemeral,
+    /// Any other source (nfs, csi, iscsi, ...), named: treated like a persistent volume.
+    Other(String),
+}
+
+/// One pod volume as the restore decision sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeFacts {
+    pub name: String,
+    pub kind: VolumeKind,
+    /// Read-only for the pod: the source says so, or every container mounts it read-only.
+    pub read_only: bool,
+}
+
+impl VolumeFacts {
+    /// True when restoring would pair memory from the checkpoint's instant with this volume's
+    /// contents at a later instant (or with an empty volume): a writable volume whose contents
+    /// are not captured.
+    pub fn is_unsafe(&self) -> bool {
+        match self.kind {
+            VolumeKind::Captured | VolumeKind::Provided => false,
+            VolumeKind::Ephemeral => true,
+            VolumeKind::PersistentClaim | VolumeKind::HostPath | VolumeKind::Other(_) => {
+                !self.read_only
+            }
+        }
+    }
+}
+
+/// Classifies the volumes of a pod spec (Kubernetes JSON). The token volume is left out.
+pub fn volume_facts(spec: &Value) -> Vec<VolumeFacts> {
+    let Some(vols) = spec.get("volumes").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    let mounts: Vec<&Value> = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| spec.get(*k).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|c| c.get("volumeMounts").and_then(Value::as_array))
+        .flatten()
+        .collect();
+    vols.iter()
+        .filter(|v| !is_token_volume(v))
+        .map(|v| {
+            let name = name_of(v).to_owned();
+            let (kind, source_ro) = if v.get("emptyDir").is_some() {
+                (VolumeKind::Captured, false)
+            } else if ["configMap", "secret", "downwardAPI", "projected", "image"]
+                .iter()
+                .any(|k| v.get(*k).is_some())
+            {
+                (VolumeKind::Provided, true)
+            } else if let Some(pvc) = v.get("persistentVolumeClaim") {
+                (VolumeKind::PersistentClaim, ro_flag(pvc))
+            } else if v.get("hostPath").is_some() {
+                (VolumeKind::HostPath, false)
+            } else if v.get("ephemeral").is_some() {
+                (VolumeKind::Ephemeral, false)
+            } else {
+                let source = v
+                    .as_object()
+                    .and_then(|m| m.iter().find(|(k, _)| k.as_str() != "name"))
+                    .map(|(k, s)| (k.clone(), ro_flag(s)))
+                    .unwrap_or_else(|| ("unknown".into(), false));
+                (VolumeKind::Other(source.0), source.1)
+            };
+            let mine: Vec<&&Value> = mounts.iter().filter(|m| name_of(m) == name).collect();
+            let mounts_ro = !mine.is_empty() && mine.iter().all(|m| ro_flag(m));
+            VolumeFacts {
+                name,
+                kind,
+                read_only: source_ro || mounts_ro,
+            }
+        })
+        .collect()
+}
+
+fn ro_flag(v: &Value) -> bool {
+    v.get("readOnly").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// Names of the unsafe volumes ([`VolumeFacts::is_unsafe`]) not declared safe by the policy.
+pub fn unsafe_volumes(volumes: &[VolumeFacts], declared_safe: &[String]) -> Vec<String> {
+    volumes
+        .iter()
+        .filter(|v| v.is_unsafe() && !declared_safe.contains(&v.name))
+        .map(|v| v.name.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn source_spec() -> Value {
+        json!({
+            "nodeName": "worker-1",
+            "serviceAccountName": "trainer",
+            "serviceAccount": "trainer",
+            "securityContext": {"runAsNonRoot": true},
+            "hostNetwork": false,
+            "runtimeClassName": "stasis",
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
+            "volumes": [
+                {"name": "data", "emptyDir": {}},
+                {"name": "kube-api-access-x7k2p", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+                {"name": "cfg", "configMap": {"name": "cfg"}}
+            ],
+            "containers": [{
+                "name": "counter",
+                "image": "stasis-counter:dev",
+                "command": ["/counter"],
+                "args": ["--state-mib", "256"],
+                "env": [{"name": "A", "value": "1"}],
+                "resources": {"limits": {"memory": "512Mi"}},
+                "terminationMessagePath": "/dev/termination-log",
+                "securityContext": {"allowPrivilegeEscalation": false},
+                "volumeMounts": [
+                    {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true},
+                    {"name": "data", "mountPath": "/data"}
+                ]
+            }]
+        })
+    }
+
+    fn with(mut v: Value, f: impl FnOnce(&mut Value)) -> Value {
+        f(&mut v);
+        v
+    }
+
+    #[test]
+    fn generated_fields_do_not_change_the_hash() {
+        let a = spec_hash(&source_spec());
+        assert!(a.0.starts_with("blake3:") && a.0.len() == 7 + 64, "{a}");
+        // The replacement: other node, other token volume suffix, other tolerations,
+        // env and resources changed, volumes in another order, an empty securityContext.
+        let b = with(source_spec(), |s| {
+            s["nodeName"] = json!("worker-2");
+            s["volumes"][1]["name"] = json!("kube-api-access-abcde");
+            s["containers"][0]["volumeMounts"][0]["name"] = json!("kube-api-access-abcde");
+            s["tolerations"] = json!([]);
+            s["containers"][0]["env"] = json!([{"name": "A", "value": "2"}]);
+            s["containers"][0]["resources"] = json!({"limits": {"memory": "1Gi"}});
+            s["volumes"].as_array_mut().unwrap().reverse();
+            s["hostNetwork"] = Value::Null;
+            s["hostPID"] = json!(false);
+            s["containers"][0]["workingDir"] = json!(null);
+        });
+        assert_eq!(spec_hash(&b), a);
+    }
+
+    #[test]
+    fn security_relevant_changes_change_the_hash() {
+        let base = spec_hash(&source_spec());
+        type Change = Box<dyn Fn(&mut Value)>;
+        let changes: Vec<(&str, Change)> = vec![
+            (
+                "image",
+                Box::new(|s| s["containers"][0]["image"] = json!("evil:latest")),
+            ),
+            (
+                "command",
+                Box::new(|s| s["containers"][0]["command"] = json!(["/bin/sh"])),
+            ),
+            (
+                "args",
+                Box::new(|s| s["containers"][0]["args"] = json!(["--dump-secrets"])),
+            ),
+            (
+                "container securityContext",
+                Box::new(|s| s["containers"][0]["securityContext"] = json!({"privileged": true})),
+            ),
+            (
+                "pod securityContext",
+                Box::new(|s| s["securityContext"] = json!({"runAsUser": 0})),
+            ),
+            (
+                "service account",
+                Box::new(|s| {
+                    s["serviceAccountName"] = json!("admin");
+                    s["serviceAccount"] = json!("admin");
+                }),
+            ),
+            (
+                "extra volume",
+                Box::new(|s| {
+                    s["volumes"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"name": "host", "hostPath": {"path": "/"}}))
+                }),
+            ),
+            (
+                "volume source",
+                Box::new(|s| s["volumes"][2]["configMap"]["name"] = json!("other")),
+            ),
+            (
+                "mount",
+                Box::new(|s| s["containers"][0]["volumeMounts"][1]["mountPath"] = json!("/etc")),
+            ),
+            ("hostPID", Box::new(|s| s["hostPID"] = json!(true))),
+            (
+                "extra container",
+                Box::new(|s| {
+                    s["containers"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"name": "sidecar", "image": "x"}))
+                }),
+            ),
+            (
+                "init container",
+                Box::new(|s| s["initContainers"] = json!([{"name": "init", "image": "x"}])),
+            ),
+        ];
+        for (what, change) in changes {
+            let changed = with(source_spec(), change);
+            assert_ne!(spec_hash(&changed), base, "{what} did not change the hash");
+        }
+    }
+
+    #[test]
+    fn service_account_defaults() {
+        let none = json!({"containers": [{"name": "a", "image": "i"}]});
+        let default =
+            json!({"serviceAccountName": "default", "containers": [{"name": "a", "image": "i"}]});
+        let legacy =
+            json!({"serviceAccount": "default", "containers": [{"name": "a", "image": "i"}]});
+        assert_eq!(spec_hash(&none), spec_hash(&default));
+        assert_eq!(spec_hash(&legacy), spec_hash(&default));
+    }
+
+    #[test]
+    fn containers_sorted_init_containers_ordered() {
+        let ab = json!({"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "2"}]});
+        let ba = json!({"containers": [{"name": "b", "image": "2"}, {"name": "a", "image": "1"}]});
+        assert_eq!(spec_hash(&ab), spec_hash(&ba));
+        let i_ab =
+            json!({"initContainers": [{"name": "a", "image": "1"}, {"name": "b", "image": "2"}]});
+        let i_ba =
+            json!({"initContainers": [{"name": "b", "image": "2"}, {"name": "a", "image": "1"}]});
+        assert_ne!(spec_hash(&i_ab), spec_hash(&i_ba));
+    }
+
+    #[test]
+    fn normalised_form_is_readable() {
+        let n = normalise(&source_spec());
+        assert_eq!(n["serviceAccountName"], "trainer");
+        assert!(n.get("nodeName").is_none());
+        assert!(n.get("hostNetwork").is_none());
+        assert_eq!(n["volumes"].as_array().unwrap().len(), 2);
+        let c = &n["containers"][0];
+        assert!(c.get("env").is_none() && c.get("resources").is_none());
+        assert_eq!(c["volumeMounts"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            normalise(&json!(null)),
+            json!({"serviceAccountName": "default"})
+        );
+    }
+
+    #[test]
+    fn volume_classification() {
+        let spec = json!({
+            "volumes": [
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "cfg", "configMap": {"name": "c"}},
+                {"name": "kube-api-access-zz", "projected": {"sources": []}},
+                {"name": "db", "persistentVolumeClaim": {"claimName": "db"}},
+                {"name": "models", "persistentVolumeClaim": {"claimName": "m", "readOnly": true}},
+                {"name": "host", "hostPath": {"path": "/var/log"}},
+                {"name": "host-ro", "hostPath": {"path": "/etc"}},
+                {"name": "eph", "ephemeral": {"volumeClaimTemplate": {}}},
+                {"name": "share", "nfs": {"server": "s", "path": "/"}}
+            ],
+            "containers": [{"name": "a", "volumeMounts": [
+                {"name": "db", "mountPath": "/db"},
+                {"name": "host", "mountPath": "/h"},
+                {"name": "host-ro", "mountPath": "/e", "readOnly": true}
+            ]}, {"name": "b", "volumeMounts": [
+                {"name": "host", "mountPath": "/h", "readOnly": true}
+            ]}]
+        });
+        let facts = volume_facts(&spec);
+        assert_eq!(facts.len(), 8, "token volume left out");
+        let kind = |n: &str| facts.iter().find(|f| f.name == n).unwrap().clone();
+        assert_eq!(kind("scratch").kind, VolumeKind::Captured);
+        assert_eq!(kind("cfg").kind, VolumeKind::Provided);
+        assert!(kind("models").read_only);
+        assert!(
+            !kind("host").read_only,
+            "one writable mount makes it writable"
+        );
+        assert!(kind("host-ro").read_only);
+        assert_eq!(kind("share").kind, VolumeKind::Other("nfs".into()));
+        assert_eq!(
+            unsafe_volumes(&facts, &[]),
+            vec!["db", "host", "eph", "share"]
+        );
+        assert_eq!(
+            unsafe_volumes(&facts, &["db".into(), "share".into()]),
+            vec!["host", "eph"]
+        );
+    }
+}
