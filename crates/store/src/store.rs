@@ -412,6 +412,40 @@ impl Store {
         self.read_manifest_id(key, &reference.workload, &id).await
     }
 
+    /// The newest checkpoint of `workload` whose manifest is authentic and valid under `key`,
+    /// with the newer ones that were skipped and why (wrong key, tampered, unsupported). Backend
+    /// errors are returned, not skipped. Chunks are verified later, by [`Store::get_checkpoint`].
+    pub async fn read_latest_valid(
+        &self,
+        key: &Key,
+        workload: &WorkloadName,
+    ) -> Result<(Manifest, Vec<(CheckpointId, StoreError)>)> {
+        let mut skipped = Vec::new();
+        let mut all = self.list(Some(workload)).await?;
+        all.reverse();
+        for s in all {
+            match self.read_manifest_id(key, workload, &s.id).await {
+                Ok(m) => return Ok((m, skipped)),
+                Err(
+                    e @ (StoreError::WrongKey { .. }
+                    | StoreError::ManifestTampered { .. }
+                    | StoreError::ManifestInvalid { .. }
+                    | StoreError::NotFound { .. }),
+                ) => {
+                    tracing::warn!(checkpoint = %s.reference(), error = %e, "skipping checkpoint");
+                    skipped.push((s.id, e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::NotFound {
+            reference: format!(
+                "{workload}/latest (no valid checkpoint under key {})",
+                key.id()
+            ),
+        })
+    }
+
     async fn read_manifest_id(
         &self,
         key: &Key,

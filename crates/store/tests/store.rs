@@ -294,6 +294,38 @@ async fn tampered_manifest_is_refused() {
         .unwrap_err();
     assert!(matches!(err, StoreError::ManifestTampered { .. }), "{err}");
 
+    // the newest valid checkpoint skips the tampered one
+    let older = e
+        .store
+        .put_checkpoint(&e.key, draft("w"), &img, &NoProgress)
+        .await
+        .unwrap();
+    let newest = e
+        .store
+        .put_checkpoint(&e.key, draft("w"), &img, &NoProgress)
+        .await
+        .unwrap();
+    let np = e
+        .root
+        .join("manifests/w")
+        .join(format!("{}.json", newest.id));
+    let t = std::fs::read_to_string(&np).unwrap();
+    std::fs::write(
+        &np,
+        t.replace("\"leave_running\":true", "\"leave_running\":false"),
+    )
+    .unwrap();
+    let (valid, skipped) = e
+        .store
+        .read_latest_valid(&e.key, &WorkloadName::new("w").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(valid.id, older.id);
+    assert_eq!(skipped.len(), 1);
+    assert!(matches!(skipped[0].1, StoreError::ManifestTampered { .. }));
+    std::fs::remove_file(&np).unwrap();
+    e.store.delete_checkpoint(&older.reference()).await.unwrap();
+
     // a valid manifest copied under another id is refused too
     std::fs::write(&p, &text).unwrap();
     let other = next_id();
