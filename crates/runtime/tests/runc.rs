@@ -1,0 +1,558 @@
+//! `stasis-runc` driven the way containerd's runc shim drives it, with real runc and CRIU:
+//! a restore through `create` + `start` from a plan file, a cold start without a plan, a final
+//! checkpoint request on SIGTERM, and the overhead of the wrapper on `create`.
+//!
+//! Needs root, CRIU >= 4.2, runc and the counter image (`scripts/setup`,
+//! `scripts/build-counter-image`); run under a reaping subreaper (`make integration` runs
+//! `tini -s -- cargo test ...`). Without them each test prints SKIPPED (and fails when `CI` is
+//! set).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use stasis_engine::checkpoint::{checkpoint_container, ContainerCheckpoint};
+use stasis_engine::image::ImageDir;
+use stasis_engine::runc::Runc;
+use stasis_node_api::planfile::{self, PlanFile};
+use stasis_node_api::server::TestServer;
+use stasis_node_api::{Plan, ReportEvent, Request, RequestBody, ResponseBody, PROTOCOL_VERSION};
+
+const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn ready(test: &str) -> bool {
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let rootfs = repo().join("target/images/counter/rootfs/stasis-counter");
+    let why = if !is_root {
+        Some("not running as root".to_owned())
+    } else if let Err(e) = stasis_engine::tools::criu_checked() {
+        Some(e.to_string())
+    } else if !Path::new("/usr/sbin/runc").exists() && stasis_engine::tools::which("runc").is_none()
+    {
+        Some("runc is not installed (scripts/setup)".to_owned())
+    } else if !rootfs.exists() {
+        Some(format!(
+            "{} is missing (scripts/build-counter-image)",
+            rootfs.display()
+        ))
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(w) if std::env::var_os("CI").is_some() => panic!("{test} cannot run in CI: {w}"),
+        Some(w) => {
+            eprintln!("SKIPPED {test}: needs root, CRIU >= 4.2, runc and the counter image: {w}");
+            false
+        }
+    }
+}
+
+/// One test's world: a temp dir (bundles, images, the wrapper's run dir), its own runc root
+/// under /run, and every container it made, removed on drop.
+struct World {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    containers: Vec<String>,
+}
+
+impl World {
+    fn new(name: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("stasis-rt-it-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let root = PathBuf::from(format!("/run/stasis-rt-test-{name}-{}", std::process::id()));
+        Self {
+            dir,
+            root,
+            containers: Vec::new(),
+        }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.p("run")
+    }
+
+    fn runc(&self) -> Runc {
+        Runc::new(Some(&self.root)).unwrap()
+    }
+
+    fn bundle(&self, name: &str, env: &[&str]) -> PathBuf {
+        let b = self.p(name);
+        let out = Command::new(repo().join("scripts/make-bundle"))
+            .arg(&b)
+            .args(env)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "make-bundle: {}", text(&out));
+        b
+    }
+
+    fn track(&mut self, id: &str) {
+        self.containers.push(id.to_owned());
+    }
+
+    /// The wrapper with this world's settings.
+    fn wrapper(&self) -> Command {
+        let mut c = Command::new(WRAPPER);
+        c.env("STASIS_RUN_DIR", self.run_dir())
+            .env_remove("STASIS_REAL_RUNC")
+            .env_remove("STASIS_AGENT_SOCKET")
+            .env_remove("STASIS_RUNC_PASSTHROUGH")
+            .env("STASIS_FINAL_CHECKPOINT_TIMEOUT_MS", "3000");
+        c
+    }
+
+    /// `--root R --log L --log-format json`, as the shim passes them.
+    fn globals(&self) -> Vec<String> {
+        vec![
+            "--root".into(),
+            self.root.display().to_string(),
+            "--log".into(),
+            self.p("log.json").display().to_string(),
+            "--log-format".into(),
+            "json".into(),
+        ]
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.p("log.json")).unwrap_or_default()
+    }
+
+    fn state(&self, id: &str) -> String {
+        self.runc().state(id).map(|s| s.status).unwrap_or_default()
+    }
+
+    /// `stasis-runc <globals> create --bundle B --pid-file P <id>` with stdout on a pipe (as the
+    /// shim gives it), returning the exit output and a channel of the container's stdout lines.
+    fn create(
+        &mut self,
+        bundle: &Path,
+        id: &str,
+    ) -> (std::process::ExitStatus, mpsc::Receiver<String>) {
+        self.track(id);
+        let mut child = self
+            .wrapper()
+            .args(self.globals())
+            .arg("create")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--pid-file")
+            .arg(self.p(&format!("{id}.pid")))
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(self.p(&format!("{id}.stderr"))).unwrap())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let st = child.wait().unwrap();
+        (st, rx)
+    }
+
+    fn wrap(&self, args: &[&str]) -> Output {
+        self.wrapper()
+            .args(self.globals())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let r = self.runc();
+        for id in &self.containers {
+            let _ = r.delete_force(id);
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}\n{}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn count_of(line: &str) -> Option<u64> {
+    line.strip_prefix("count=")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn next_count(rx: &mpsc::Receiver<String>) -> (u64, String) {
+    loop {
+        let l = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("no line from the container within 10 s");
+        if let Some(c) = count_of(&l) {
+            return (c, l);
+        }
+    }
+}
+
+/// A test agent: no plans over the socket, final checkpoints "done", reports recorded.
+fn agent(path: &Path) -> TestServer {
+    TestServer::start(path, |req: &Request| match &req.body {
+        RequestBody::Ping => Some(ResponseBody::Pong {
+            agent: "test".into(),
+        }),
+        RequestBody::RestorePlan(_) => Some(ResponseBody::NoPlan {
+            reason: "no PodRestore for this pod".into(),
+        }),
+        RequestBody::FinalCheckpoint(f) => Some(ResponseBody::Done {
+            checkpoint_ref: format!("final-of-{}", f.container_id),
+        }),
+        RequestBody::Report(_) => None,
+    })
+    .unwrap()
+}
+
+fn reports(srv: &TestServer, n: usize) -> Vec<(String, ReportEvent)> {
+    srv.wait_for(n, Duration::from_secs(3))
+        .into_iter()
+        .filter_map(|r| match r.body {
+            RequestBody::Report(r) => Some((r.container_id, r.event)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn create_restores_from_a_plan_file_and_start_is_a_no_op() {
+    if !ready("create_restores_from_a_plan_file_and_start_is_a_no_op") {
+        return;
+    }
+    let mut w = World::new("restore");
+    let env = ["STATE_MB=16", "INTERVAL_MS=100"];
+    let runc = w.runc();
+
+    // The original: plain runc, stdout and stderr on pipes (CRIU cannot dump a container whose
+    // stdio is a host file; the shim gives pipes too).
+    let b1 = w.bundle("b1", &env);
+    w.track("c1");
+    let mut child = Command::new("runc")
+        .arg("--root")
+        .arg(&w.root)
+        .args(["run", "-d", "--bundle"])
+        .arg(&b1)
+        .arg("c1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c1_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    {
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let lines = c1_lines.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        });
+        std::thread::spawn(move || for _ in BufReader::new(err).lines().map_while(Result::ok) {});
+    }
+    let st = child.wait().unwrap();
+    assert!(st.success(), "runc run: {st}");
+    let until = Instant::now() + Duration::from_secs(10);
+    while c1_lines.lock().unwrap().len() < 8 {
+        assert!(Instant::now() < until, "c1 prints nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A file the workload "wrote" after it started: must come back through the rootfs diff.
+    std::fs::write(b1.join("rootfs/note.txt"), "written before the checkpoint").unwrap();
+
+    // Checkpoint (stop mode) with the engine, as the agent would.
+    let img = ImageDir::new(w.p("img"));
+    let cap = checkpoint_container(&ContainerCheckpoint {
+        runc: &runc,
+        id: "c1",
+        image: &img,
+        leave_running: false,
+        tcp_established: true,
+    })
+    .expect("checkpoint c1");
+    std::thread::sleep(Duration::from_millis(100));
+    let last = c1_lines
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find_map(|l| count_of(l))
+        .unwrap();
+    runc.delete_force("c1").unwrap();
+
+    // The agent's part: a verified image dir and a plan file for the new container id.
+    planfile::write_verified_stamp(&img.root, "test/lineage-1/1").unwrap();
+    let plans = w.run_dir().join("plans");
+    planfile::write(
+        &planfile::path_for_container(&plans, "c2").unwrap(),
+        &PlanFile {
+            v: PROTOCOL_VERSION,
+            container_id: Some("c2".into()),
+            pod_uid: None,
+            container_name: None,
+            plan: Plan {
+                image_dir: img.root.clone(),
+                rootfs_method: cap.rootfs.as_ref().map(|r| r.method),
+                checkpoint_ref: "test/lineage-1/1".into(),
+                tcp_established: true,
+            },
+            expires_at_unix_ms: None,
+        },
+    )
+    .unwrap();
+    let srv = agent(&w.run_dir().join("agent.sock"));
+
+    // The shim's calls: create (with stdout on a pipe), then start.
+    let b2 = w.bundle("b2", &env);
+    let t = Instant::now();
+    let (st, rx) = w.create(&b2, "c2");
+    let create_ms = t.elapsed().as_millis();
+    assert!(
+        st.success(),
+        "create: {st}; log: {}; stderr: {}",
+        w.log(),
+        std::fs::read_to_string(w.p("c2.stderr")).unwrap_or_default()
+    );
+    assert!(w.p("c2.pid").exists(), "the shim's pid file");
+    assert_eq!(w.state("c2"), "running");
+    assert!(w.run_dir().join("restored/c2").exists());
+    assert!(
+        !plans.join("c2.json").exists() && plans.join("c2.json.consumed").exists(),
+        "the plan is used once"
+    );
+    let out = w.wrap(&["start", "c2"]);
+    assert!(out.status.success(), "start: {}", text(&out));
+    assert!(!w.run_dir().join("restored/c2").exists());
+    assert_eq!(w.state("c2"), "running");
+
+    let (first, line) = next_count(&rx);
+    eprintln!("checkpoint at count={last}; restored container's first line: {line}; create took {create_ms} ms");
+    assert!(
+        first > last && first <= last + 3,
+        "{line} after count={last}"
+    );
+    assert!(line.contains("state=ok"), "{line}");
+    let (second, line2) = next_count(&rx);
+    assert_eq!(second, first + 1, "{line2}");
+    assert_eq!(
+        std::fs::read_to_string(b2.join("rootfs/note.txt")).unwrap(),
+        "written before the checkpoint"
+    );
+    let log = w.log();
+    assert!(
+        log.contains("stasis-runc: restored c2 from checkpoint test/lineage-1/1"),
+        "{log}"
+    );
+    let r = reports(&srv, 1);
+    assert!(
+        r.iter().any(|(id, e)| id == "c2"
+            && matches!(e, ReportEvent::Restored { checkpoint_ref, .. } if checkpoint_ref == "test/lineage-1/1")),
+        "{r:?}"
+    );
+
+    // Graceful stop: the agent is asked for a final checkpoint, then SIGTERM goes through.
+    let out = w.wrap(&["kill", "c2", "15"]);
+    assert!(out.status.success(), "kill: {}", text(&out));
+    let asked = srv.requests().iter().any(|r| {
+        matches!(&r.body, RequestBody::FinalCheckpoint(f) if f.container_id == "c2" && f.deadline_ms == 3000)
+    });
+    assert!(asked, "{:?}", srv.requests());
+    assert!(w
+        .log()
+        .contains("final checkpoint of c2 before SIGTERM: final-of-c2"));
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(l)
+                if l.contains("exiting on SIGTERM") || l.starts_with("stasis-counter: exiting") =>
+            {
+                break
+            }
+            Ok(_) => assert!(Instant::now() < until, "no exit line after SIGTERM"),
+            // The last line goes to stderr in some builds: the pipe closing is the exit too.
+            Err(_) => break,
+        }
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while w.state("c2") != "stopped" {
+        assert!(Instant::now() < until, "c2 did not stop: {}", w.state("c2"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = w.wrap(&["delete", "c2"]);
+    assert!(out.status.success(), "delete: {}", text(&out));
+    assert!(!w.run_dir().join("work/c2").exists());
+}
+
+#[test]
+fn create_without_a_plan_is_a_cold_start() {
+    if !ready("create_without_a_plan_is_a_cold_start") {
+        return;
+    }
+    let mut w = World::new("cold");
+    let srv = agent(&w.run_dir().join("agent.sock"));
+    let b = w.bundle("b", &["STATE_MB=8", "INTERVAL_MS=100"]);
+    let (st, rx) = w.create(&b, "c3");
+    assert!(st.success(), "create: {st}; log: {}", w.log());
+    assert_eq!(w.state("c3"), "created");
+    let out = w.wrap(&["start", "c3"]);
+    assert!(out.status.success(), "start: {}", text(&out));
+    let (first, line) = next_count(&rx);
+    assert!(first <= 2, "a cold start counts from the beginning: {line}");
+    let log = w.log();
+    assert!(
+        log.contains("cold start of c3: no restore plan: no PodRestore for this pod"),
+        "{log}"
+    );
+    let r = reports(&srv, 2);
+    assert!(
+        r.iter().any(|(id, e)| id == "c3"
+            && matches!(e, ReportEvent::ColdStart { reason, .. } if reason.contains("no PodRestore"))),
+        "{r:?}"
+    );
+
+    // A plan that the agent did not verify: cold start, reported, plan consumed.
+    let img = w.p("not-verified");
+    std::fs::create_dir_all(img.join("criu")).unwrap();
+    std::fs::write(img.join("criu/inventory.img"), "x").unwrap();
+    let plans = w.run_dir().join("plans");
+    planfile::write(
+        &planfile::path_for_container(&plans, "c4").unwrap(),
+        &PlanFile {
+            v: PROTOCOL_VERSION,
+            container_id: Some("c4".into()),
+            pod_uid: None,
+            container_name: None,
+            plan: Plan {
+                image_dir: img.clone(),
+                rootfs_method: None,
+                checkpoint_ref: "x/1".into(),
+                tcp_established: false,
+            },
+            expires_at_unix_ms: None,
+        },
+    )
+    .unwrap();
+    let b4 = w.bundle("b4", &["STATE_MB=8", "INTERVAL_MS=100"]);
+    let (st, _rx4) = w.create(&b4, "c4");
+    assert!(st.success());
+    assert_eq!(w.state("c4"), "created");
+    assert!(plans.join("c4.json.consumed").exists());
+    assert!(w.log().contains("cold start of c4:"), "{}", w.log());
+    assert!(
+        w.log().contains("was not verified by the agent"),
+        "{}",
+        w.log()
+    );
+    let r = reports(&srv, 3);
+    assert!(
+        r.iter().any(|(id, e)| id == "c4"
+            && matches!(e, ReportEvent::ColdStart { checkpoint_ref: Some(c), .. } if c == "x/1")),
+        "{r:?}"
+    );
+    for id in ["c3", "c4"] {
+        let out = w.wrap(&["delete", "--force", id]);
+        assert!(out.status.success(), "delete: {}", text(&out));
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[test]
+fn create_overhead_without_a_plan() {
+    if !ready("create_overhead_without_a_plan") {
+        return;
+    }
+    let w = World::new("overhead");
+    let b = w.bundle("b", &["STATE_MB=1"]);
+    const RUNS: usize = 20;
+    let runc_bin = if Path::new("/usr/sbin/runc").exists() {
+        PathBuf::from("/usr/sbin/runc")
+    } else {
+        stasis_engine::tools::which("runc").unwrap()
+    };
+    let time_create = |wrapper: bool, id: &str| -> f64 {
+        let mut c = if wrapper {
+            w.wrapper()
+        } else {
+            Command::new(&runc_bin)
+        };
+        c.args(w.globals())
+            .arg("create")
+            .arg("--bundle")
+            .arg(&b)
+            .arg("--pid-file")
+            .arg(w.p("o.pid"))
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let t = Instant::now();
+        let st = c.status().unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        assert!(st.success(), "create {id}: {st}; {}", w.log());
+        w.runc().delete_force(id).unwrap();
+        ms
+    };
+    let mut plain = Vec::new();
+    let mut no_agent = Vec::new();
+    let mut with_agent = Vec::new();
+    // Interleaved, so that load from elsewhere hits all three alike.
+    for i in 0..RUNS {
+        plain.push(time_create(false, &format!("o-runc-{i}")));
+        no_agent.push(time_create(true, &format!("o-wrap-{i}")));
+    }
+    let srv = agent(&w.run_dir().join("agent.sock"));
+    for i in 0..RUNS {
+        with_agent.push(time_create(true, &format!("o-agent-{i}")));
+    }
+    drop(srv);
+    let (p, n, a) = (median(plain), median(no_agent), median(with_agent));
+    eprintln!(
+        "create overhead ({RUNS} runs each, median): runc create {p:.1} ms; stasis-runc create, no plan, no agent {n:.1} ms (+{:.1} ms); no plan, agent answers no_plan {a:.1} ms (+{:.1} ms)",
+        n - p,
+        a - p
+    );
+    // The goal is 20 ms; the bound here leaves room for a loaded test machine.
+    assert!(n - p < 50.0 && a - p < 50.0, "overhead too large");
+}
