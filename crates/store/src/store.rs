@@ -859,7 +859,7 @@ impl Store {
         for (fi, f) in m.files.iter().enumerate() {
             let mut off = 0u64;
             for c in &f.chunks {
-                work.push((fi, off, c));
+                work.push((fi, off, c.clone()));
                 off += u64::from(c.len);
             }
         }
@@ -867,7 +867,7 @@ impl Store {
         let dest_root = dest_dir.to_owned();
         {
             let fetches = futures::stream::iter(work)
-                .map(|(fi, off, c)| {
+                .map(|(fi, off, c): (usize, u64, ChunkRef)| {
                     let key = key.clone();
                     let handle = handles[fi].clone();
                     let cpu = self.cpu.clone();

@@ -787,3 +787,23 @@ async fn an_interrupted_put_publishes_nothing() {
     let rep = e.store.gc(&e.key, 1, Duration::ZERO).await.unwrap();
     assert!(rep.sweep_skipped.is_some(), "{rep:?}");
 }
+
+/// The agent spawns store operations on a multi-threaded runtime: their futures must be `Send`.
+#[test]
+fn store_futures_are_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().to_str().unwrap()).unwrap();
+    let key = Key::random();
+    let r: CheckpointRef = "w/latest".parse().unwrap();
+    let put = store.put_checkpoint(&key, draft("w"), tmp.path(), &NoProgress);
+    assert_send(&put);
+    let get = store.get_checkpoint(&key, &r, tmp.path(), &NoProgress);
+    assert_send(&get);
+    let gc = store.gc(&key, 1, Duration::ZERO);
+    assert_send(&gc);
+    let list = store.list(None);
+    assert_send(&list);
+    let latest = store.read_latest_valid(&key, &r.workload);
+    assert_send(&latest);
+}
