@@ -1,0 +1,479 @@
+//! `stasis-runc` against a stand-in runc (a shell script that records its pid and arguments):
+//! what the wrapper passes through, in which order it calls runc, and how long it can hold a
+//! stop — without root, CRIU or containers. `runc.rs` runs the same paths with the real ones.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use stasis_node_api::planfile::{self, PlanFile};
+use stasis_node_api::server::TestServer;
+use stasis_node_api::{
+    Plan, ReportEvent, Request, RequestBody, ResponseBody, RootfsMethod, PROTOCOL_VERSION,
+};
+
+const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
+
+/// Records `pid|arg1|arg2|...` per call; `restore` exits with `$FAKE_RESTORE_RC`, everything
+/// else prints a line on stdout and exits with `$FAKE_RC`.
+const FAKE_RUNC: &str = r#"#!/bin/sh
+(IFS='|'; echo "$$|$*") >> "$FAKE_RUNC_LOG"
+for a in "$@"; do
+  if [ "$a" = restore ]; then exit "${FAKE_RESTORE_RC:-0}"; fi
+done
+echo "fake-runc-stdout"
+exit "${FAKE_RC:-0}"
+"#;
+
+struct Fake {
+    dir: tempfile::TempDir,
+}
+
+impl Fake {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let runc = dir.path().join("runc");
+        std::fs::write(&runc, FAKE_RUNC).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&runc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self { dir }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.p("run")
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(WRAPPER);
+        c.args(args)
+            .env("STASIS_REAL_RUNC", self.p("runc"))
+            .env("STASIS_RUN_DIR", self.run_dir())
+            .env("FAKE_RUNC_LOG", self.p("calls"))
+            .env_remove("STASIS_AGENT_SOCKET")
+            .env_remove("STASIS_RUNC_PASSTHROUGH")
+            .env_remove("STASIS_FINAL_CHECKPOINT_TIMEOUT_MS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        c
+    }
+
+    /// Every runc call so far: (pid, args).
+    fn calls(&self) -> Vec<(u32, Vec<String>)> {
+        std::fs::read_to_string(self.p("calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let mut parts = l.split('|');
+                let pid = parts.next().unwrap().parse().unwrap();
+                (pid, parts.map(str::to_owned).collect())
+            })
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.p("log.json")).unwrap_or_default()
+    }
+
+    /// A bundle with a plain rootfs and the given annotations.
+    fn bundle(&self, name: &str, annotations: serde_json::Value) -> PathBuf {
+        let b = self.p(name);
+        std::fs::create_dir_all(b.join("rootfs")).unwrap();
+        let cfg = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["/app"]},
+            "root": {"path": "rootfs"},
+            "annotations": annotations,
+        });
+        std::fs::write(b.join("config.json"), cfg.to_string()).unwrap();
+        b
+    }
+
+    /// A verified image dir (as the agent leaves it) and a plan file for `key`.
+    fn plan(&self, plan_path: &Path, container_id: Option<&str>, checkpoint_ref: &str) -> PathBuf {
+        let img = self.p("img");
+        std::fs::create_dir_all(img.join("criu")).unwrap();
+        std::fs::write(img.join("criu/inventory.img"), "x").unwrap();
+        planfile::write_verified_stamp(&img, checkpoint_ref).unwrap();
+        planfile::write(
+            plan_path,
+            &PlanFile {
+                v: PROTOCOL_VERSION,
+                container_id: container_id.map(str::to_owned),
+                pod_uid: None,
+                container_name: None,
+                plan: Plan {
+                    image_dir: img.clone(),
+                    rootfs_method: None,
+                    checkpoint_ref: checkpoint_ref.into(),
+                    tcp_established: true,
+                },
+                expires_at_unix_ms: None,
+            },
+        )
+        .unwrap();
+        img
+    }
+
+    fn globals(&self) -> Vec<String> {
+        vec![
+            "--root".into(),
+            "/run/r".into(),
+            "--log".into(),
+            self.p("log.json").display().to_string(),
+            "--log-format".into(),
+            "json".into(),
+        ]
+    }
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn passthrough_is_an_exec_with_the_same_arguments_stdio_and_exit_code() {
+    let f = Fake::new();
+    let args = [
+        "--root=/run/with space",
+        "--debug",
+        "--systemd-cgroup",
+        "exec",
+        "--process",
+        "/tmp/p.json",
+        "--detach",
+        "id-1",
+    ];
+    let child = f
+        .cmd(&args)
+        .env("FAKE_RC", "3")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "runc's exit code");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fake-runc-stdout\n");
+    let calls = f.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].0, pid, "exec: the same pid");
+    assert_eq!(strs(&calls[0].1), args);
+    // Every other command likewise.
+    for cmd in [
+        "state",
+        "ps",
+        "events",
+        "update",
+        "pause",
+        "resume",
+        "checkpoint",
+        "features",
+    ] {
+        let st = f.cmd(&["--root", "/r", cmd, "x"]).status().unwrap();
+        assert!(st.success());
+        assert_eq!(
+            strs(&f.calls().last().unwrap().1),
+            ["--root", "/r", cmd, "x"]
+        );
+    }
+}
+
+#[test]
+fn sigterm_asks_the_agent_for_a_final_checkpoint_then_forwards() {
+    let f = Fake::new();
+    let srv = TestServer::start(f.run_dir().join("agent.sock"), |r: &Request| {
+        match &r.body {
+            RequestBody::FinalCheckpoint(c) => Some(ResponseBody::Done {
+                checkpoint_ref: format!("final-{}", c.container_id),
+            }),
+            _ => None,
+        }
+    })
+    .unwrap();
+    let mut args = f.globals();
+    args.extend(["kill", "c1", "15"].map(String::from));
+    let st = f.cmd(&strs(&args)).status().unwrap();
+    assert!(st.success());
+    let reqs = srv.requests();
+    assert!(
+        matches!(&reqs[..], [Request { body: RequestBody::FinalCheckpoint(c), .. }]
+            if c.container_id == "c1" && c.deadline_ms == 20_000),
+        "{reqs:?}"
+    );
+    assert_eq!(f.calls()[0].1, args, "the kill goes through unchanged");
+    assert!(f
+        .log()
+        .contains("final checkpoint of c1 before SIGTERM: final-c1"));
+
+    // Other signals never ask.
+    let st = f.cmd(&["kill", "c1", "KILL"]).status().unwrap();
+    assert!(st.success());
+    let st = f.cmd(&["kill", "--all", "c1", "9"]).status().unwrap();
+    assert!(st.success());
+    assert_eq!(srv.requests().len(), 1);
+    assert_eq!(f.calls().len(), 3);
+}
+
+#[test]
+fn a_late_agent_holds_a_stop_at_most_the_deadline() {
+    let f = Fake::new();
+    let _srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| {
+        std::thread::sleep(Duration::from_secs(5));
+        Some(ResponseBody::Done {
+            checkpoint_ref: "too late".into(),
+        })
+    })
+    .unwrap();
+    let t = Instant::now();
+    let st = f
+        .cmd(&["--log", f.p("log.json").to_str().unwrap(), "kill", "c1"])
+        .env("STASIS_FINAL_CHECKPOINT_TIMEOUT_MS", "300")
+        .status()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(st.success());
+    assert!(took < Duration::from_millis(2000), "{took:?}");
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert_eq!(
+        strs(&f.calls()[0].1),
+        ["--log", f.p("log.json").to_str().unwrap(), "kill", "c1"]
+    );
+    assert!(f.log().contains("no answer from the agent"), "{}", f.log());
+}
+
+#[test]
+fn no_agent_costs_a_stop_nothing() {
+    let f = Fake::new();
+    let t = Instant::now();
+    let st = f.cmd(&["kill", "c1", "TERM"]).status().unwrap();
+    assert!(st.success());
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(strs(&f.calls()[0].1), ["kill", "c1", "TERM"]);
+}
+
+#[test]
+fn a_restore_that_fails_falls_back_to_the_original_create() {
+    let f = Fake::new();
+    let srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| None).unwrap();
+    let b = f.bundle("b", serde_json::json!({}));
+    let plans = f.run_dir().join("plans");
+    f.plan(
+        &planfile::path_for_container(&plans, "c9").unwrap(),
+        Some("c9"),
+        "ref-9",
+    );
+    let mut args = f.globals();
+    args.extend(
+        [
+            "create",
+            "--bundle",
+            b.to_str().unwrap(),
+            "--pid-file",
+            "/x/init.pid",
+            "c9",
+        ]
+        .map(String::from),
+    );
+    let st = f
+        .cmd(&strs(&args))
+        .env("FAKE_RESTORE_RC", "1")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let calls: Vec<Vec<String>> = f.calls().into_iter().map(|c| c.1).collect();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert_eq!(calls[0][6..8], ["restore", "--detach"]);
+    assert_eq!(calls[1][6..], ["delete", "--force", "c9"]);
+    assert_eq!(calls[2], args, "then the shim's create, unchanged");
+    assert!(
+        f.log().contains("cold start of c9: runc restore failed"),
+        "{}",
+        f.log()
+    );
+    assert!(!f.run_dir().join("restored/c9").exists());
+    assert!(plans.join("c9.json.consumed").exists());
+    let r = srv.wait_for(1, Duration::from_secs(2));
+    assert!(
+        matches!(&r[..], [Request { body: RequestBody::Report(rep), .. }]
+            if rep.container_id == "c9"
+            && matches!(&rep.event, ReportEvent::ColdStart { checkpoint_ref: Some(c), .. } if c == "ref-9")),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_restore_makes_start_a_no_op_once() {
+    let f = Fake::new();
+    let b = f.bundle(
+        "b",
+        serde_json::json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-uid": "uid-1",
+            "io.kubernetes.cri.sandbox-namespace": "ns",
+            "io.kubernetes.cri.sandbox-name": "pod-1",
+            "io.kubernetes.cri.container-name": "app",
+        }),
+    );
+    let plans = f.run_dir().join("plans");
+    let img = f.plan(
+        &planfile::path_for_pod(&plans, "uid-1", "app").unwrap(),
+        None,
+        "ref-1",
+    );
+    let mut args = f.globals();
+    args.extend(
+        [
+            "create",
+            "--bundle",
+            b.to_str().unwrap(),
+            "--pid-file",
+            "/x/init.pid",
+            "--console-socket",
+            "/x/console.sock",
+            "c1",
+        ]
+        .map(String::from),
+    );
+    let st = f.cmd(&strs(&args)).status().unwrap();
+    assert!(st.success(), "{}", f.log());
+    let work = f.run_dir().join("work/c1");
+    let mut want = f.globals();
+    want.extend([
+        "restore".into(),
+        "--detach".into(),
+        "--image-path".into(),
+        img.join("criu").display().to_string(),
+        "--work-path".into(),
+        work.display().to_string(),
+        "--bundle".into(),
+        b.display().to_string(),
+        "--pid-file".into(),
+        "/x/init.pid".into(),
+        "--console-socket".into(),
+        "/x/console.sock".into(),
+        "--file-locks".into(),
+        "--tcp-established".into(),
+        "c1".into(),
+    ]);
+    assert_eq!(f.calls().len(), 1);
+    assert_eq!(f.calls()[0].1, want);
+    assert!(
+        f.log().contains("restored c1 from checkpoint ref-1"),
+        "{}",
+        f.log()
+    );
+
+    let mut start = f.globals();
+    start.extend(["start", "c1"].map(String::from));
+    assert!(f.cmd(&strs(&start)).status().unwrap().success());
+    assert_eq!(
+        f.calls().len(),
+        1,
+        "start of a restored container does not call runc"
+    );
+    // Only once: a second start (or a start from another runc root) is runc's.
+    assert!(f.cmd(&strs(&start)).status().unwrap().success());
+    assert_eq!(f.calls().len(), 2);
+
+    // The plan was for this pod's container, and is used up.
+    assert!(!plans.join("pod_uid-1_app.json").exists());
+    let st = f.cmd(&strs(&args)).status().unwrap();
+    assert!(st.success());
+    assert_eq!(f.calls()[2].1, args, "no plan left: cold start");
+}
+
+#[test]
+fn sandboxes_and_forced_cold_starts_are_left_alone() {
+    let f = Fake::new();
+    let plans = f.run_dir().join("plans");
+    let sb = f.bundle(
+        "sb",
+        serde_json::json!({"io.kubernetes.cri.container-type": "sandbox"}),
+    );
+    f.plan(
+        &planfile::path_for_container(&plans, "s1").unwrap(),
+        Some("s1"),
+        "r",
+    );
+    let args = ["create", "--bundle", sb.to_str().unwrap(), "s1"];
+    assert!(f.cmd(&args).status().unwrap().success());
+    assert_eq!(strs(&f.calls()[0].1), args);
+    assert!(
+        plans.join("s1.json").exists(),
+        "a sandbox never takes a plan"
+    );
+
+    let app = f.bundle(
+        "app",
+        serde_json::json!({
+            "io.kubernetes.cri.container-type": "container",
+            "stasis.dev/cold-start": "true",
+        }),
+    );
+    f.plan(
+        &planfile::path_for_container(&plans, "a1").unwrap(),
+        Some("a1"),
+        "r",
+    );
+    let log = f.p("log.json");
+    let args = [
+        "--log",
+        log.to_str().unwrap(),
+        "create",
+        "--bundle",
+        app.to_str().unwrap(),
+        "a1",
+    ];
+    assert!(f.cmd(&args).status().unwrap().success());
+    assert_eq!(strs(&f.calls()[1].1), args);
+    assert!(
+        f.log().contains("the pod asks for a cold start"),
+        "{}",
+        f.log()
+    );
+}
+
+#[test]
+fn plans_that_do_not_fit_are_refused() {
+    let f = Fake::new();
+    let plans = f.run_dir().join("plans");
+    let b = f.bundle(
+        "b",
+        serde_json::json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-uid": "uid-2",
+            "io.kubernetes.cri.container-name": "app",
+        }),
+    );
+    // A plan for another pod, filed under this container's id.
+    let p = planfile::path_for_container(&plans, "c1").unwrap();
+    let img = f.plan(&p, Some("c1"), "ref-1");
+    let mut pf = planfile::read(&p).unwrap().unwrap();
+    pf.pod_uid = Some("uid-1".into());
+    pf.plan.rootfs_method = Some(RootfsMethod::OverlayUpper);
+    planfile::write(&p, &pf).unwrap();
+    let log = f.p("log.json");
+    let args = [
+        "--log",
+        log.to_str().unwrap(),
+        "create",
+        "--bundle",
+        b.to_str().unwrap(),
+        "c1",
+    ];
+    assert!(f.cmd(&args).status().unwrap().success());
+    assert_eq!(strs(&f.calls()[0].1), args);
+    assert!(
+        f.log().contains("the plan is for pod uid uid-1"),
+        "{}",
+        f.log()
+    );
+    assert!(img.exists());
+}
