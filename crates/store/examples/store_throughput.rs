@@ -229,6 +229,14 @@ fn main() {
     let get = t.elapsed().as_secs_f64();
     let get_cpu = cpu_secs().0 - c0.0;
     let get_rss = peak_rss_mib();
+    let same = Command::new("cmp")
+        .arg("-s")
+        .arg(&img)
+        .arg(a.restore_dir.join("stasis/pages-1.img"))
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(same, "restored image differs from the original");
     let _ = std::fs::remove_dir_all(&a.restore_dir);
 
     // incremental: a contiguous 5% rewritten (new content every run)
