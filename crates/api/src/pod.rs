@@ -9,6 +9,9 @@ use stasis_core::policy::LivenessProbe;
 use stasis_core::workload::{IdentityError, OwnerFacts, PodFacts, WorkloadIdentity};
 
 /// The identity facts of a pod: namespace, name, its controlling owner, labels, annotations.
+/// A pod inside an admission request may carry neither namespace nor name (they are filled in
+/// after mutating admission): set `namespace` from the request; a `generateName` pod of a
+/// ReplicaSet or Job needs no name.
 pub fn pod_facts(pod: &Pod) -> PodFacts {
     let m = &pod.metadata;
     PodFacts {

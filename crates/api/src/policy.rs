@@ -36,6 +36,9 @@ pub struct CheckpointPolicySpec {
         extend("x-kubernetes-validations" = [{
             "rule": "self != 'auto'",
             "message": "interval: auto is reserved for a later release (Young/Daly from measured cost and eviction rate); give a duration such as 30s"
+        }, {
+            "rule": "self == 'auto' || !self.matches('^([0-9]+(ms|s|m|h))+$') || duration(self) >= duration('1s')",
+            "message": "interval: at least 1s"
         }])
     )]
     pub interval: String,

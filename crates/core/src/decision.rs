@@ -46,6 +46,38 @@ pub enum Requester {
     },
 }
 
+impl Requester {
+    /// Classifies the admission request's user. A pod counts as created by its workload's own
+    /// controller only when the user is the built-in controller for the kind of the pod's
+    /// controlling owner: `system:serviceaccount:kube-system:<replicaset|statefulset|job|
+    /// daemon-set>-controller` (kube-controller-manager with
+    /// `--use-service-account-credentials`, the usual setup) or `system:kube-controller-manager`
+    /// (without it). Owner references alone prove nothing (anyone who may create a pod can write
+    /// them); other controllers (operators) count as direct requesters and need the restore
+    /// permission, which a cluster admin grants to their service account.
+    pub fn classify(user: &str, controller_kind: Option<&str>, may_restore: bool) -> Self {
+        let expected = match controller_kind {
+            Some("ReplicaSet") => Some("replicaset-controller"),
+            Some("StatefulSet") => Some("statefulset-controller"),
+            Some("Job") => Some("job-controller"),
+            Some("DaemonSet") => Some("daemon-set-controller"),
+            _ => None,
+        };
+        let is_controller = expected.is_some_and(|sa| {
+            user == "system:kube-controller-manager"
+                || user.strip_prefix("system:serviceaccount:kube-system:") == Some(sa)
+        });
+        if is_controller {
+            Self::WorkloadController
+        } else {
+            Self::Direct {
+                user: user.to_owned(),
+                may_restore,
+            }
+        }
+    }
+}
+
 /// How the previous instance of this pod (the source) ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LastExit {
@@ -348,6 +380,52 @@ mod tests {
             ..ok_inputs()
         };
         assert!(matches!(decide(&i), Decision::Restore { .. }));
+    }
+
+    #[test]
+    fn requester_classification() {
+        let rs = "system:serviceaccount:kube-system:replicaset-controller";
+        assert_eq!(
+            Requester::classify(rs, Some("ReplicaSet"), false),
+            Requester::WorkloadController
+        );
+        assert_eq!(
+            Requester::classify("system:kube-controller-manager", Some("StatefulSet"), false),
+            Requester::WorkloadController
+        );
+        assert_eq!(
+            Requester::classify(
+                "system:serviceaccount:kube-system:job-controller",
+                Some("Job"),
+                false
+            ),
+            Requester::WorkloadController
+        );
+        // The ReplicaSet controller's identity does not vouch for a StatefulSet pod.
+        assert!(matches!(
+            Requester::classify(rs, Some("StatefulSet"), false),
+            Requester::Direct { .. }
+        ));
+        // A person who forged an owner reference is a direct requester.
+        assert_eq!(
+            Requester::classify("alice", Some("ReplicaSet"), false),
+            Requester::Direct {
+                user: "alice".into(),
+                may_restore: false
+            }
+        );
+        // Operators and bare pods: direct.
+        assert!(matches!(
+            Requester::classify("system:serviceaccount:ops:operator", Some("TrainJob"), true),
+            Requester::Direct {
+                may_restore: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            Requester::classify("system:kube-controller-manager", None, false),
+            Requester::Direct { .. }
+        ));
     }
 
     #[test]

@@ -14,9 +14,18 @@
 //!   a cut-off node can never publish a new latest after its replacement claimed the lineage.
 //!   Orphaning does not fence: the final checkpoint of a pod being stopped (written under the
 //!   same generation) still publishes, and its replacement waits for it (DESIGN §3).
+//! - **Final checkpoint first.** While an orphaned lineage of the workload has a termination
+//!   checkpoint in flight, [`claim_wait`] says how long to hold the claim back (bounded by the
+//!   source's grace period): claiming first would fence that checkpoint off and restore an older
+//!   one (DESIGN §3, "ordering on termination").
 //! - **Retention** counts per lineage and never deletes a lineage's latest.
 //! - **No restore loops.** A restore that fails again the same way marks its checkpoint bad and
 //!   backs off to the previous one; after [`MAX_BAD_BACKOFF`] bad checkpoints, cold start.
+//!
+//! The holder is an opaque token: the pod's UID once it has one. A mutating webhook sees a new
+//! pod before the API server assigns its UID (and, for `generateName` pods, its name), so at
+//! admission the holder is a claim token the webhook generates and writes into the pod (an
+//! annotation); the controller later [`Lineage::release`]s claims whose pod never appeared.
 //!
 //! The controller persists these records (optimistic concurrency on the object that holds them
 //! makes each claim atomic); this module decides.
@@ -54,7 +63,8 @@ pub struct Lineage {
     pub workload: WorkloadName,
     /// Bumped by every claim; starts at 1.
     pub generation: u64,
-    /// UID of the pod that holds (or last held) the lineage.
+    /// Token of the pod that holds (or last held) the lineage: its UID, or the claim token
+    /// written into it at admission.
     pub holder: Option<String>,
     /// The holder is gone: the lineage waits for a replacement to claim it.
     pub orphaned: bool,
@@ -65,6 +75,10 @@ pub struct Lineage {
     /// Checkpoints a restore failed from twice the same way (or [`MAX_TRIES_PER_CHECKPOINT`]
     /// times in any way): never restored again.
     pub bad: Vec<CheckpointId>,
+    /// A termination (final) checkpoint is in flight and may take until this time (Unix ms: the
+    /// end of the holder's grace period).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_deadline_unix_ms: Option<u64>,
 }
 
 /// Tries of one checkpoint (failing in different ways) before it is marked bad.
@@ -110,11 +124,11 @@ pub enum FenceError {
 }
 
 impl Lineage {
-    /// A new lineage for a pod that found nothing to claim. Its id is the workload key plus the
-    /// first 8 hex digits of the pod's UID, lengthened (then suffixed) until it is distinct from
-    /// every id in `existing`.
-    pub fn start(workload: &WorkloadName, pod_uid: &str, existing: &[Lineage]) -> Self {
-        let hex: String = pod_uid
+    /// A new lineage for a pod that found nothing to claim, held by `holder`. Its id is the
+    /// workload key plus the first 8 hex digits of the holder token (a UID or a random claim
+    /// token), lengthened (then suffixed) until it is distinct from every id in `existing`.
+    pub fn start(workload: &WorkloadName, holder: &str, existing: &[Lineage]) -> Self {
+        let hex: String = holder
             .chars()
             .filter(char::is_ascii_hexdigit)
             .map(|c| c.to_ascii_lowercase())
@@ -143,11 +157,12 @@ impl Lineage {
             id,
             workload: workload.clone(),
             generation: 1,
-            holder: Some(pod_uid.to_owned()),
+            holder: Some(holder.to_owned()),
             orphaned: false,
             checkpoints: Vec::new(),
             failures: Vec::new(),
             bad: Vec::new(),
+            final_deadline_unix_ms: None,
         }
     }
 
@@ -156,9 +171,27 @@ impl Lineage {
         self.checkpoints.iter().max_by(|a, b| a.id.cmp(&b.id))
     }
 
-    /// The holder pod is gone (deleted, evicted, its node lost). Idempotent.
+    /// The holder pod is going or gone (deletion timestamp set, evicted, its node lost).
+    /// Idempotent. Does not fence: a final checkpoint under the current generation still
+    /// publishes.
     pub fn orphan(&mut self) {
         self.orphaned = true;
+    }
+
+    /// A claim whose pod never appeared (admission passed, creation failed): the lineage is
+    /// claimable again. The generation stays bumped, so nothing is unfenced.
+    pub fn release(&mut self) {
+        self.orphaned = true;
+    }
+
+    /// The holder started its termination checkpoint, which may run until `deadline_unix_ms`.
+    pub fn begin_final(&mut self, deadline_unix_ms: u64) {
+        self.final_deadline_unix_ms = Some(deadline_unix_ms);
+    }
+
+    /// The termination checkpoint failed or was abandoned ([`Lineage::publish`] ends it too).
+    pub fn end_final(&mut self) {
+        self.final_deadline_unix_ms = None;
     }
 
     /// Records a complete checkpoint, unless it is fenced off ([`may_publish`]).
@@ -174,6 +207,7 @@ impl Lineage {
             self.checkpoints.push(checkpoint);
             self.checkpoints.sort_by(|a, b| a.id.cmp(&b.id));
         }
+        self.final_deadline_unix_ms = None;
         Ok(())
     }
 
@@ -250,16 +284,28 @@ pub fn may_publish(lineage: &Lineage, checkpoint_generation: u64) -> bool {
     checkpoint_generation == lineage.generation
 }
 
-/// Claims a lineage of `workload` for the pod `pod_uid`:
+/// How long to hold back a claim for `workload`: `Some(t)` (Unix ms) while an orphaned lineage
+/// of the workload has a final checkpoint in flight whose deadline `t` is still ahead (retry
+/// when it publishes or at `t`, whichever is first); `None` to claim now.
+pub fn claim_wait(lineages: &[Lineage], workload: &WorkloadName, now_unix_ms: u64) -> Option<u64> {
+    lineages
+        .iter()
+        .filter(|l| &l.workload == workload && l.orphaned)
+        .filter_map(|l| l.final_deadline_unix_ms)
+        .filter(|d| *d > now_unix_ms)
+        .max()
+}
+
+/// Claims a lineage of `workload` for the pod whose holder token is `holder`:
 ///
 /// 1. a lineage this pod already holds is returned unchanged (admission may be retried);
 /// 2. otherwise the orphaned lineage of the workload with the newest latest checkpoint is taken:
 ///    holder set, no longer orphaned, generation bumped;
 /// 3. `None` when there is none: the caller starts a new lineage ([`Lineage::start`]).
-pub fn claim(lineages: &mut [Lineage], workload: &WorkloadName, pod_uid: &str) -> Option<Claim> {
+pub fn claim(lineages: &mut [Lineage], workload: &WorkloadName, holder: &str) -> Option<Claim> {
     if let Some(l) = lineages
         .iter()
-        .find(|l| &l.workload == workload && !l.orphaned && l.holder.as_deref() == Some(pod_uid))
+        .find(|l| &l.workload == workload && !l.orphaned && l.holder.as_deref() == Some(holder))
     {
         return Some(Claim {
             lineage: l.id.clone(),
@@ -279,7 +325,7 @@ pub fn claim(lineages: &mut [Lineage], workload: &WorkloadName, pod_uid: &str) -
             la.cmp(&lb).then_with(|| b.id.cmp(&a.id))
         })?;
     pick.generation += 1;
-    pick.holder = Some(pod_uid.to_owned());
+    pick.holder = Some(holder.to_owned());
     pick.orphaned = false;
     Some(Claim {
         lineage: pick.id.clone(),
@@ -440,6 +486,55 @@ mod tests {
         // Publishing twice is idempotent.
         l.publish(ck(4_000, c.generation)).unwrap();
         assert_eq!(l.checkpoints.len(), 3);
+    }
+
+    #[test]
+    fn claim_waits_for_an_in_flight_final_checkpoint() {
+        let w = wl("w");
+        let mut l = lineage_with("w", "aaaaaaaa", &[1_000]);
+        // Drain: the pod gets its deletion timestamp, the agent starts the final checkpoint
+        // (grace ends at t=31 s); the lineage is orphaned but not yet claimable.
+        l.orphan();
+        l.begin_final(31_000);
+        let mut all = vec![l];
+        assert_eq!(claim_wait(&all, &w, 2_000), Some(31_000));
+        assert_eq!(claim_wait(&all, &wl("other"), 2_000), None);
+        // The final checkpoint publishes under the source's generation: claim now, and it is
+        // the one restored.
+        all[0].publish(ck(5_000, 1)).unwrap();
+        assert_eq!(claim_wait(&all, &w, 6_000), None);
+        let c = claim(&mut all, &w, "new").unwrap();
+        assert!(
+            matches!(c.choice, RestoreChoice::Checkpoint { ref id, .. } if *id == ck(5_000, 1).id)
+        );
+        // Past the deadline a hung final checkpoint no longer holds the claim back, and once
+        // claimed it is fenced off.
+        let mut l = lineage_with("w", "bbbbbbbb", &[1_000]);
+        l.orphan();
+        l.begin_final(31_000);
+        let mut all = vec![l];
+        assert_eq!(claim_wait(&all, &w, 31_000), None);
+        claim(&mut all, &w, "new").unwrap();
+        assert!(all[0].publish(ck(32_000, 1)).is_err());
+        // A failed final checkpoint ends the wait too.
+        let mut l = lineage_with("w", "cccccccc", &[]);
+        l.orphan();
+        l.begin_final(31_000);
+        l.end_final();
+        assert_eq!(claim_wait(&[l], &w, 0), None);
+    }
+
+    #[test]
+    fn release_makes_a_phantom_claim_claimable_without_unfencing() {
+        let mut l = lineage_with("w", "aaaaaaaa", &[1_000]);
+        l.orphan();
+        let mut all = vec![l];
+        let c = claim(&mut all, &wl("w"), "token-of-a-pod-that-never-appeared").unwrap();
+        all[0].release();
+        let d = claim(&mut all, &wl("w"), "real-pod").unwrap();
+        assert_eq!(d.lineage, c.lineage);
+        assert_eq!(d.generation, c.generation + 1);
+        assert!(!may_publish(&all[0], c.generation));
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl WorkloadKind {
 /// Why a pod's identity could not be derived.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
-    #[error("pod has no namespace or no name")]
+    #[error("pod has no namespace, or is a bare pod without a name")]
     Unnamed,
     #[error("pod {pod:?} of StatefulSet {set:?} has no ordinal: neither label {POD_INDEX_LABEL} nor a name <set>-<n>")]
     NoOrdinal { pod: String, set: String },
@@ -101,7 +101,9 @@ pub struct WorkloadIdentity {
 impl WorkloadIdentity {
     /// Derives the identity of a pod (the table in the module documentation).
     pub fn of(pod: &PodFacts) -> Result<Self, IdentityError> {
-        if pod.namespace.is_empty() || pod.name.is_empty() {
+        // At admission a `generateName` pod has no name yet; only identities built from the
+        // pod's own name need one.
+        if pod.namespace.is_empty() || (pod.controller.is_none() && pod.name.is_empty()) {
             return Err(IdentityError::Unnamed);
         }
         let (kind, name, member) = match &pod.controller {
@@ -330,6 +332,21 @@ mod tests {
         assert_eq!(
             WorkloadIdentity::of(&pod("", "x", None, &[])),
             Err(IdentityError::Unnamed)
+        );
+        assert_eq!(
+            WorkloadIdentity::of(&pod("ns", "", None, &[])),
+            Err(IdentityError::Unnamed)
+        );
+        // A generateName pod seen at admission (no name yet) still has its workload.
+        let unnamed = pod(
+            "prod",
+            "",
+            Some(("ReplicaSet", "counter-7d9f8b6c5")),
+            &[(POD_TEMPLATE_HASH_LABEL, "7d9f8b6c5")],
+        );
+        assert_eq!(
+            WorkloadIdentity::of(&unnamed).unwrap().key().as_str(),
+            "prod_deploy_counter"
         );
     }
 
