@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Checks the committed CRDs against a real kube-apiserver: starts etcd and kube-apiserver (the
+# binaries scripts/cluster builds into its cache) on free local ports, installs
+# deploy/helm/stasis/crds/stasis.dev.yaml, and checks what the API server accepts, refuses
+# (with which message), defaults, and prints. No kubelet, no cluster: seconds, not minutes.
+#
+# Exit 0: all checks pass. Exit 1: a check failed. Exit 77: skipped (binaries not built yet;
+# `scripts/cluster up` builds them) — printed, never silent.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
+apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
+etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
+if [[ -z "$apiserver" || -z "$etcd" ]] || ! command -v kubectl >/dev/null || ! command -v openssl >/dev/null; then
+    echo "SKIP apiserver-crds: needs kube-apiserver and etcd under $cache (scripts/cluster up builds them), kubectl and openssl"
+    exit 77
+fi
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
+
+openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
+echo "admintoken,admin,admin,system:masters" >"$work/tokens.csv"
+"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    >"$work/etcd.log" 2>&1 &
+pids+=($!)
+"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
+    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode AlwaysAllow \
+    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
+    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
+    >"$work/apiserver.log" 2>&1 &
+pids+=($!)
+
+cat >"$work/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
+users: [{name: a, user: {token: admintoken}}]
+contexts: [{name: t, context: {cluster: t, user: a, namespace: default}}]
+current-context: t
+EOF
+export KUBECONFIG="$work/kubeconfig"
+
+for _ in $(seq 120); do
+    kubectl get --raw /readyz >/dev/null 2>&1 && break
+    sleep 0.5
+done
+if ! kubectl get --raw /readyz >/dev/null 2>&1; then
+    echo "FAIL apiserver-crds: kube-apiserver did not become ready; its log:" >&2
+    tail -20 "$work/apiserver.log" >&2
+    exit 1
+fi
+
+failures=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
+
+kubectl apply --server-side -f "$root/deploy/helm/stasis/crds/stasis.dev.yaml" >/dev/null
+kubectl wait --for condition=established --timeout=30s \
+    crd/checkpointpolicies.stasis.dev crd/podcheckpoints.stasis.dev crd/podrestores.stasis.dev >/dev/null
+if kubectl get crd -o jsonpath='{.items[*].status.conditions[?(@.type=="NonStructuralSchema")].message}' | grep -q .; then
+    fail "CRD schemas are structural"
+else
+    pass "CRDs installed, established, structural"
+fi
+
+policy() { # name interval [extra spec yaml]
+    printf 'apiVersion: stasis.dev/v1alpha1\nkind: CheckpointPolicy\nmetadata: {name: %s}\nspec: {selector: {matchLabels: {app: counter}}, interval: "%s"%s}\n' "$1" "$2" "${3:-}"
+}
+accepts() { # what, yaml on stdin
+    local out
+    if out="$(kubectl apply -f - 2>&1)"; then pass "$1"; else fail "$1: $out"; fi
+}
+refuses() { # what, expected message fragment, yaml on stdin
+    local out
+    if out="$(kubectl apply -f - 2>&1)"; then
+        fail "$1: accepted"
+    elif grep -qF -- "$2" <<<"$out"; then
+        pass "$1"
+    else
+        fail "$1: refused without \"$2\": $out"
+    fi
+}
+
+policy counter 10s | accepts "CheckpointPolicy with a 10s interval"
+defaults="$(kubectl get checkpointpolicy counter -o jsonpath='{.spec.onTermination} {.spec.restoreOnCrash} {.spec.retention.keepLast}')"
+[[ "$defaults" == "true false 3" ]] && pass "defaults onTermination=true restoreOnCrash=false keepLast=3" \
+    || fail "defaults: got '$defaults'"
+policy long 1h30m ", safeVolumes: [db], retention: {keepLast: 5, maxAge: 24h}, triggers: {memoryPercent: 90, spotNotice: true}, maxFreezeFraction: 0.25" \
+    | accepts "CheckpointPolicy with every field"
+policy auto auto | refuses "interval auto is refused" "auto is reserved"
+policy short 500ms | refuses "interval below 1s is refused" "at least 1s"
+policy words "10 seconds" | refuses "interval that is not a duration is refused" "should match"
+policy keep 10s ", retention: {keepLast: 0}" | refuses "keepLast 0 is refused" "greater than or equal to 1"
+
+accepts "PodCheckpoint request" <<'EOF'
+apiVersion: stasis.dev/v1alpha1
+kind: PodCheckpoint
+metadata: {name: c1}
+spec: {sourcePodName: counter-abc, sourcePodUID: 3f2a9c10, reason: Heartbeat, timeoutSeconds: 60}
+EOF
+refuses "PodCheckpoint reason outside the enum" "Unsupported value" <<'EOF'
+apiVersion: stasis.dev/v1alpha1
+kind: PodCheckpoint
+metadata: {name: c2}
+spec: {sourcePodName: counter-abc, reason: Whim}
+EOF
+if out="$(kubectl patch podcheckpoint c1 --type merge -p '{"spec":{"sourcePodName":"other"}}' 2>&1)"; then
+    fail "PodCheckpoint spec is immutable: patch accepted"
+else
+    grep -q "immutable" <<<"$out" && pass "PodCheckpoint spec is immutable" || fail "immutability message: $out"
+fi
+kubectl patch podcheckpoint c1 --subresource status --type merge -p '{"status":{"phase":"Succeeded","node":"worker-1","sizeBytes":268435456,"checkpointRef":"default_deploy_counter.3f2a9c10/20261129T090000.000Z-0000abcd","lineage":"default_deploy_counter.3f2a9c10","generation":2,"conditions":[{"type":"Ready","status":"True","reason":"CheckpointCompleted","message":"","lastTransitionTime":"2026-11-29T09:00:00Z"}]}}' >/dev/null \
+    && pass "PodCheckpoint status through the status subresource" || fail "PodCheckpoint status patch"
+row="$(kubectl get podcheckpoints --no-headers --field-selector spec.sourcePodName=counter-abc)"
+[[ "$(awk '{print $2, $3, $4, $5, $6}' <<<"$row")" == "counter-abc Heartbeat Succeeded worker-1 268435456" ]] \
+    && pass "kubectl get podcheckpoints columns and field selector" || fail "podcheckpoints row: $row"
+
+accepts "PodRestore" <<'EOF'
+apiVersion: stasis.dev/v1alpha1
+kind: PodRestore
+metadata: {name: r1}
+spec: {checkpointRef: "default_deploy_counter.3f2a9c10/20261129T090000.000Z-0000abcd", targetPodName: counter-xyz, sourcePodName: counter-abc, lineage: default_deploy_counter.3f2a9c10, generation: 3}
+EOF
+for phase in Pending Fetching Ready Restored Failed ColdStart; do
+    kubectl patch podrestore r1 --subresource status --type merge -p "{\"status\":{\"phase\":\"$phase\"}}" >/dev/null 2>&1 \
+        || fail "PodRestore phase $phase accepted"
+done
+pass "PodRestore phases Pending|Fetching|Ready|Restored|Failed|ColdStart accepted"
+if kubectl patch podrestore r1 --subresource status --type merge -p '{"status":{"phase":"Maybe"}}' >/dev/null 2>&1; then
+    fail "PodRestore phase outside the enum accepted"
+else
+    pass "PodRestore phase outside the enum refused"
+fi
+kubectl get stasis >/dev/null && pass "category 'stasis' lists all three kinds" || fail "kubectl get stasis"
+
+if ((failures)); then
+    echo "apiserver-crds: $failures check(s) failed" >&2
+    exit 1
+fi
+echo "apiserver-crds: all checks passed against $(basename "$(dirname "$(dirname "$apiserver")")")"
