@@ -123,22 +123,14 @@ impl World {
             .arg(&bundle)
             .arg(id)
             .stdin(Stdio::null())
+            // Both through pipes, as containerd's shim does: CRIU cannot dump a container whose
+            // stdio is a file of the host's filesystem (in CI the harness's stderr is a file).
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut pipe = child.stdout.take().unwrap();
-        let logf = log.clone();
-        std::thread::spawn(move || {
-            let mut f = std::fs::File::create(&logf).unwrap();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let _ = f.write_all(&buf[..n]);
-            }
-        });
+        copy_to_file(child.stdout.take().unwrap(), log.clone());
+        copy_to_file(child.stderr.take().unwrap(), self.path(&format!("{id}.stderr")));
         assert!(child.wait().unwrap().success(), "runc run failed");
         self.containers.push(id.to_owned());
         let c = Container {
@@ -227,6 +219,20 @@ impl Drop for World {
                 .output();
         }
     }
+}
+
+/// Copies everything read from `pipe` into a new file at `path`, on a thread.
+fn copy_to_file(mut pipe: impl Read + Send + 'static, path: PathBuf) {
+    std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&path).unwrap();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let _ = f.write_all(&buf[..n]);
+        }
+    });
 }
 
 pub struct Container {
