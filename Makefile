@@ -20,9 +20,10 @@ images: ## the stasis-counter rootfs and OCI image
 demo: setup build images ## checkpoint → SIGKILL → restore of a stateful container
 	@tini -s -- scripts/demo
 
-lint: ## formatting and clippy, as CI runs them
+lint: ## formatting, clippy and CRD drift, as CI runs them
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	scripts/check-crd-drift
 
 unit: ## unit tests (no privileges needed)
 	$(CARGO) test --locked --workspace --lib --bins
