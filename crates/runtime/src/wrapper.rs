@@ -83,7 +83,7 @@ enum Lookup {
     },
     Missing {
         reason: String,
-        agent_absent: bool,
+        skip_report: bool,
     },
 }
 
@@ -129,7 +129,7 @@ impl Ctx {
             Level::Warning
         };
         self.log(level, &format!("cold start of {id}: {}", cold.reason));
-        if !cold.agent_absent && *kind != ContainerKind::Sandbox {
+        if !cold.skip_report && *kind != ContainerKind::Sandbox {
             self.report(
                 id,
                 pod_of(kind),
@@ -161,7 +161,7 @@ impl Ctx {
                 Err(e) => {
                     return Lookup::Missing {
                         reason: format!("unusable plan file: {e}"),
-                        agent_absent: false,
+                        skip_report: false,
                     }
                 }
             }
@@ -170,7 +170,7 @@ impl Ctx {
         if left.is_zero() {
             return Lookup::Missing {
                 reason: "no plan file, and no time left to ask the agent".into(),
-                agent_absent: false,
+                skip_report: false,
             };
         }
         match self.client(left).restore_plan(RestorePlanRequest {
@@ -188,17 +188,18 @@ impl Ctx {
                 },
                 file: None,
             },
+            // The agent has just heard of this container and said no: no report needed.
             Ok(PlanAnswer::NoPlan { reason }) => Lookup::Missing {
                 reason: format!("no restore plan: {reason}"),
-                agent_absent: false,
+                skip_report: true,
             },
             Err(e) if e.is_no_agent() => Lookup::Missing {
                 reason: "no restore plan (no plan file, no agent)".into(),
-                agent_absent: true,
+                skip_report: true,
             },
             Err(e) => Lookup::Missing {
                 reason: format!("no plan file, and the agent did not answer in time: {e}"),
-                agent_absent: false,
+                skip_report: false,
             },
         }
     }
@@ -229,14 +230,14 @@ impl Ctx {
             Lookup::Found { plan, file } => (plan, file),
             Lookup::Missing {
                 reason,
-                agent_absent,
+                skip_report,
             } => self.cold(
                 id,
                 &kind,
                 Cold {
                     reason,
                     checkpoint_ref: None,
-                    agent_absent,
+                    skip_report,
                     expected: true,
                 },
             ),
@@ -470,7 +471,8 @@ impl Ctx {
 struct Cold {
     reason: String,
     checkpoint_ref: Option<String>,
-    agent_absent: bool,
+    /// No agent, or the agent already knows (it answered `no_plan`).
+    skip_report: bool,
     /// An ordinary cold start (no plan), logged as info rather than a warning.
     expected: bool,
 }
@@ -480,7 +482,7 @@ impl Cold {
         Self {
             reason,
             checkpoint_ref,
-            agent_absent: false,
+            skip_report: false,
             expected: false,
         }
     }

@@ -113,7 +113,9 @@ impl World {
 
     /// The wrapper with this world's settings.
     fn wrapper(&self) -> Command {
-        let mut c = Command::new(WRAPPER);
+        // STASIS_RUNC_UNDER_TEST: another build of the wrapper (e.g. target/release/stasis-runc).
+        let mut c =
+            Command::new(std::env::var_os("STASIS_RUNC_UNDER_TEST").unwrap_or(WRAPPER.into()));
         c.env("STASIS_RUN_DIR", self.run_dir())
             .env_remove("STASIS_REAL_RUNC")
             .env_remove("STASIS_AGENT_SOCKET")
@@ -511,11 +513,15 @@ fn create_overhead_without_a_plan() {
     } else {
         stasis_engine::tools::which("runc").unwrap()
     };
-    let time_create = |wrapper: bool, id: &str| -> f64 {
-        let mut c = if wrapper {
-            w.wrapper()
-        } else {
-            Command::new(&runc_bin)
+    // `socket`: None for plain runc, else the wrapper with that agent socket.
+    let time_create = |socket: Option<PathBuf>, id: &str| -> f64 {
+        let mut c = match socket {
+            Some(s) => {
+                let mut c = w.wrapper();
+                c.env("STASIS_AGENT_SOCKET", s);
+                c
+            }
+            None => Command::new(&runc_bin),
         };
         c.args(w.globals())
             .arg("create")
@@ -537,14 +543,18 @@ fn create_overhead_without_a_plan() {
     let mut plain = Vec::new();
     let mut no_agent = Vec::new();
     let mut with_agent = Vec::new();
+    let srv = agent(&w.run_dir().join("agent.sock"));
     // Interleaved, so that load from elsewhere hits all three alike.
     for i in 0..RUNS {
-        plain.push(time_create(false, &format!("o-runc-{i}")));
-        no_agent.push(time_create(true, &format!("o-wrap-{i}")));
-    }
-    let srv = agent(&w.run_dir().join("agent.sock"));
-    for i in 0..RUNS {
-        with_agent.push(time_create(true, &format!("o-agent-{i}")));
+        plain.push(time_create(None, &format!("o-runc-{i}")));
+        no_agent.push(time_create(
+            Some(w.p("absent.sock")),
+            &format!("o-wrap-{i}"),
+        ));
+        with_agent.push(time_create(
+            Some(w.run_dir().join("agent.sock")),
+            &format!("o-agent-{i}"),
+        ));
     }
     drop(srv);
     let (p, n, a) = (median(plain), median(no_agent), median(with_agent));
