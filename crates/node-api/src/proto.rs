@@ -96,11 +96,34 @@ pub enum ReportEvent {
     },
     /// `create` started the container cold; `reason` says why (no plan, a doubt, a failure).
     ColdStart {
+        /// What kind of cold start, for the agent's restore-failure bookkeeping.
+        #[serde(default)]
+        cause: ColdStartCause,
         reason: String,
         /// The plan that was not used, when there was one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         checkpoint_ref: Option<String>,
     },
+}
+
+/// Why a container started cold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColdStartCause {
+    /// No plan for this container (the ordinary first start).
+    NoPlan,
+    /// The pod asked for it (`stasis.dev/cold-start`).
+    Forced,
+    /// The runtime could not use the call as a restore (flags it does not know, extra fds).
+    Unsupported,
+    /// A plan existed but did not fit (other pod, expired, unverified or incomplete image).
+    PlanRefused,
+    /// The restore was attempted and failed (rootfs diff, `runc restore`).
+    RestoreFailed,
+    /// Anything else (and causes a newer runtime reports that this version does not know).
+    #[default]
+    #[serde(other)]
+    Other,
 }
 
 /// A response on the agent socket.
@@ -251,6 +274,7 @@ mod tests {
                 container_id: "c".into(),
                 pod: PodRef::default(),
                 event: ReportEvent::ColdStart {
+                    cause: ColdStartCause::NoPlan,
                     reason: "no plan".into(),
                     checkpoint_ref: None,
                 },
@@ -292,6 +316,17 @@ mod tests {
                 checkpoint_ref: "c".into(),
                 tcp_established: false
             })
+        );
+        let e: ReportEvent =
+            serde_json::from_str(r#"{"kind":"cold_start","cause":"cosmic_rays","reason":"r"}"#)
+                .unwrap();
+        assert_eq!(
+            e,
+            ReportEvent::ColdStart {
+                cause: ColdStartCause::Other,
+                reason: "r".into(),
+                checkpoint_ref: None
+            }
         );
         let q: Request =
             serde_json::from_str(r#"{"v":1,"op":"restore_plan","container_id":"c"}"#).unwrap();

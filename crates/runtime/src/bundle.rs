@@ -39,6 +39,22 @@ struct Config {
     root: Root,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    linux: Option<Linux>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Linux {
+    #[serde(default)]
+    namespaces: Vec<Namespace>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Namespace {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    path: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +68,9 @@ pub struct Bundle {
     pub dir: PathBuf,
     pub rootfs: PathBuf,
     pub annotations: BTreeMap<String, String>,
+    /// The container gets a network namespace of its own (not joined by path): after a restore
+    /// its loopback is down (DESIGN §8) and must be brought up.
+    pub own_netns: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,10 +105,17 @@ pub fn parse(dir: &Path, raw: &[u8]) -> Result<Bundle, serde_json::Error> {
     } else {
         dir.join(c.root.path)
     };
+    let own_netns = c
+        .linux
+        .unwrap_or_default()
+        .namespaces
+        .iter()
+        .any(|n| n.kind == "network" && n.path.as_deref().is_none_or(str::is_empty));
     Ok(Bundle {
         dir: dir.to_path_buf(),
         rootfs,
         annotations: c.annotations,
+        own_netns,
     })
 }
 
@@ -181,6 +207,18 @@ mod tests {
             })
         );
         assert!(!forces_cold_start(&b.annotations));
+        assert!(!b.own_netns);
+    }
+
+    #[test]
+    fn network_namespaces() {
+        let own =
+            br#"{"root":{"path":"r"},"linux":{"namespaces":[{"type":"pid"},{"type":"network"}]}}"#;
+        assert!(parse(Path::new("/b"), own).unwrap().own_netns);
+        let joined = br#"{"root":{"path":"r"},"linux":{"namespaces":[{"type":"network","path":"/var/run/netns/cni-1"}]}}"#;
+        assert!(!parse(Path::new("/b"), joined).unwrap().own_netns);
+        let host = br#"{"root":{"path":"r"},"linux":{"namespaces":[{"type":"mount"}]}}"#;
+        assert!(!parse(Path::new("/b"), host).unwrap().own_netns);
     }
 
     #[test]

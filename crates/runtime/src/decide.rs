@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use stasis_node_api::planfile::PlanFile;
-use stasis_node_api::{Plan, PodRef};
+use stasis_node_api::{ColdStartCause, Plan, PodRef};
 
 use crate::argv::{CreateArgs, Invocation};
 use crate::bundle::ContainerKind;
@@ -17,7 +17,7 @@ pub enum Precheck {
     /// nothing reported.
     Passthrough,
     /// A cold start for this reason (reported and logged).
-    Cold(String),
+    Cold(ColdStartCause, String),
     /// Look for a plan for this container.
     LookForPlan,
 }
@@ -32,25 +32,37 @@ pub fn precheck(
         return Precheck::Passthrough;
     }
     if force_cold {
-        return Precheck::Cold(format!(
-            "the pod asks for a cold start ({})",
-            crate::bundle::FORCE_COLD_START
-        ));
+        return Precheck::Cold(
+            ColdStartCause::Forced,
+            format!(
+                "the pod asks for a cold start ({})",
+                crate::bundle::FORCE_COLD_START
+            ),
+        );
     }
     if !inv.globals.unknown.is_empty() {
-        return Precheck::Cold(format!(
-            "runc global flags stasis does not know: {}",
-            inv.globals.unknown.join(" ")
-        ));
+        return Precheck::Cold(
+            ColdStartCause::Unsupported,
+            format!(
+                "runc global flags stasis does not know: {}",
+                inv.globals.unknown.join(" ")
+            ),
+        );
     }
     if !c.unknown.is_empty() {
-        return Precheck::Cold(format!(
-            "create arguments stasis does not know: {}",
-            c.unknown.join(" ")
-        ));
+        return Precheck::Cold(
+            ColdStartCause::Unsupported,
+            format!(
+                "create arguments stasis does not know: {}",
+                c.unknown.join(" ")
+            ),
+        );
     }
     if c.preserve_fds.as_deref().is_some_and(|n| n != "0") {
-        return Precheck::Cold("--preserve-fds cannot be carried into a restore".into());
+        return Precheck::Cold(
+            ColdStartCause::Unsupported,
+            "--preserve-fds cannot be carried into a restore".into(),
+        );
     }
     Precheck::LookForPlan
 }
@@ -255,20 +267,23 @@ mod tests {
             Precheck::Passthrough
         );
         assert!(
-            matches!(precheck(&i, &c, &app(), true), Precheck::Cold(r) if r.contains("cold-start"))
+            matches!(precheck(&i, &c, &app(), true), Precheck::Cold(ColdStartCause::Forced, r) if r.contains("cold-start"))
         );
         let (i, c) = inv("--root /R --weird create --bundle /B cid");
         assert!(
-            matches!(precheck(&i, &c, &app(), false), Precheck::Cold(r) if r.contains("--weird"))
+            matches!(precheck(&i, &c, &app(), false), Precheck::Cold(_, r) if r.contains("--weird"))
         );
         let (i, c) = inv("create --bundle /B --preserve-fds 3 cid");
         assert!(
-            matches!(precheck(&i, &c, &app(), false), Precheck::Cold(r) if r.contains("preserve-fds"))
+            matches!(precheck(&i, &c, &app(), false), Precheck::Cold(_, r) if r.contains("preserve-fds"))
         );
         let (i, c) = inv("create --bundle /B --preserve-fds 0 cid");
         assert_eq!(precheck(&i, &c, &app(), false), Precheck::LookForPlan);
         let (i, c) = inv("create --bundle /B cid surplus");
-        assert!(matches!(precheck(&i, &c, &app(), false), Precheck::Cold(_)));
+        assert!(matches!(
+            precheck(&i, &c, &app(), false),
+            Precheck::Cold(ColdStartCause::Unsupported, _)
+        ));
         let (i, c) = inv("create --bundle /B");
         assert_eq!(precheck(&i, &c, &app(), false), Precheck::Passthrough);
     }

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use stasis_engine::image::ImageDir;
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::{
-    CheckpointAnswer, Client, FinalCheckpointRequest, PlanAnswer, PodRef, ReportEvent,
-    ReportRequest, RestorePlanRequest, PROTOCOL_VERSION,
+    CheckpointAnswer, Client, ColdStartCause, FinalCheckpointRequest, PlanAnswer, PodRef,
+    ReportEvent, ReportRequest, RestorePlanRequest, PROTOCOL_VERSION,
 };
 
 use crate::argv::{self, Command as RuncCommand, CreateArgs, Invocation, KillArgs};
@@ -134,6 +134,7 @@ impl Ctx {
                 id,
                 pod_of(kind),
                 ReportEvent::ColdStart {
+                    cause: cold.cause,
                     reason: cold.reason,
                     checkpoint_ref: cold.checkpoint_ref,
                 },
@@ -222,7 +223,7 @@ impl Ctx {
             bundle::forces_cold_start(&bundle.annotations),
         ) {
             Precheck::Passthrough => self.passthrough(),
-            Precheck::Cold(reason) => self.cold(id, &kind, Cold::doubt(reason, None)),
+            Precheck::Cold(cause, reason) => self.cold(id, &kind, Cold::doubt(cause, reason, None)),
             Precheck::LookForPlan => {}
         }
         let deadline = Instant::now() + self.cfg.plan_timeout;
@@ -235,6 +236,7 @@ impl Ctx {
                 id,
                 &kind,
                 Cold {
+                    cause: ColdStartCause::NoPlan,
                     reason,
                     checkpoint_ref: None,
                     skip_report,
@@ -258,13 +260,21 @@ impl Ctx {
                 self.cold(
                     id,
                     &kind,
-                    Cold::doubt("the plan was taken by another create".into(), ckpt),
+                    Cold::doubt(
+                        ColdStartCause::PlanRefused,
+                        "the plan was taken by another create".into(),
+                        ckpt,
+                    ),
                 );
             }
         }
         match verdict {
             Ok(plan) => self.restore(id, c, &bundle, &kind, &plan),
-            Err(reason) => self.cold(id, &kind, Cold::doubt(reason, ckpt)),
+            Err(reason) => self.cold(
+                id,
+                &kind,
+                Cold::doubt(ColdStartCause::PlanRefused, reason, ckpt),
+            ),
         }
     }
 
@@ -288,6 +298,7 @@ impl Ctx {
                     id,
                     kind,
                     Cold::doubt(
+                        ColdStartCause::RestoreFailed,
                         format!("putting the checkpoint's files back failed ({e}); the rootfs may hold part of them"),
                         ckpt,
                     ),
@@ -305,6 +316,7 @@ impl Ctx {
                 id,
                 kind,
                 Cold::doubt(
+                    ColdStartCause::RestoreFailed,
                     format!("cannot make the work dir {}: {e}", work.display()),
                     ckpt,
                 ),
@@ -340,7 +352,14 @@ impl Ctx {
             } else {
                 ""
             };
-            self.cold(id, kind, Cold::doubt(format!("{why}{files}"), ckpt));
+            self.cold(
+                id,
+                kind,
+                Cold::doubt(ColdStartCause::RestoreFailed, format!("{why}{files}"), ckpt),
+            );
+        }
+        if bundle.own_netns {
+            self.loopback_up(id, c.pid_file.as_deref());
         }
         let restore_ms = started.elapsed().as_millis() as u64;
         self.log(
@@ -360,6 +379,37 @@ impl Ctx {
             },
         );
         std::process::exit(0)
+    }
+
+    /// A restored network namespace of its own comes back with `lo` down (DESIGN §8).
+    fn loopback_up(&self, id: &str, pid_file: Option<&str>) {
+        let pid = pid_file
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        let ok = pid.is_some_and(|pid| {
+            Command::new("nsenter")
+                .args([
+                    "-t",
+                    &pid.to_string(),
+                    "-n",
+                    "ip",
+                    "link",
+                    "set",
+                    "lo",
+                    "up",
+                ])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if !ok {
+            self.log(
+                Level::Warning,
+                &format!("restored {id}: could not bring up loopback in its network namespace"),
+            );
+        }
     }
 
     fn mark_restored(&self, id: &str, plan: &stasis_node_api::Plan) -> std::io::Result<()> {
@@ -469,6 +519,7 @@ impl Ctx {
 }
 
 struct Cold {
+    cause: ColdStartCause,
     reason: String,
     checkpoint_ref: Option<String>,
     /// No agent, or the agent already knows (it answered `no_plan`).
@@ -478,8 +529,9 @@ struct Cold {
 }
 
 impl Cold {
-    fn doubt(reason: String, checkpoint_ref: Option<String>) -> Self {
+    fn doubt(cause: ColdStartCause, reason: String, checkpoint_ref: Option<String>) -> Self {
         Self {
+            cause,
             reason,
             checkpoint_ref,
             skip_report: false,

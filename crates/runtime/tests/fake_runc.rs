@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::server::TestServer;
 use stasis_node_api::{
-    Plan, ReportEvent, Request, RequestBody, ResponseBody, RootfsMethod, PROTOCOL_VERSION,
+    ColdStartCause, Plan, ReportEvent, Request, RequestBody, ResponseBody, RootfsMethod,
+    PROTOCOL_VERSION,
 };
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
@@ -303,7 +304,7 @@ fn a_restore_that_fails_falls_back_to_the_original_create() {
     assert!(
         matches!(&r[..], [Request { body: RequestBody::Report(rep), .. }]
             if rep.container_id == "c9"
-            && matches!(&rep.event, ReportEvent::ColdStart { checkpoint_ref: Some(c), .. } if c == "ref-9")),
+            && matches!(&rep.event, ReportEvent::ColdStart { cause: ColdStartCause::RestoreFailed, checkpoint_ref: Some(c), .. } if c == "ref-9")),
         "{r:?}"
     );
 }

@@ -18,7 +18,9 @@ use stasis_engine::image::ImageDir;
 use stasis_engine::runc::Runc;
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::server::TestServer;
-use stasis_node_api::{Plan, ReportEvent, Request, RequestBody, ResponseBody, PROTOCOL_VERSION};
+use stasis_node_api::{
+    ColdStartCause, Plan, ReportEvent, Request, RequestBody, ResponseBody, PROTOCOL_VERSION,
+};
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
 
@@ -486,7 +488,7 @@ fn create_without_a_plan_is_a_cold_start() {
     let r = reports(&srv, 3);
     assert!(
         r.iter().any(|(id, e)| id == "c4"
-            && matches!(e, ReportEvent::ColdStart { checkpoint_ref: Some(c), .. } if c == "x/1")),
+            && matches!(e, ReportEvent::ColdStart { cause: ColdStartCause::PlanRefused, checkpoint_ref: Some(c), .. } if c == "x/1")),
         "{r:?}"
     );
     for id in ["c3", "c4"] {
