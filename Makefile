@@ -30,6 +30,9 @@ unit: ## unit tests (no privileges needed)
 
 integration: setup images ## integration tests with real CRIU and runc (root)
 	CI=$${CI:-} tini -s -- $(CARGO) test --locked --workspace --test '*' -- --test-threads=1
+	@echo "GPU script self-test: MOCK GPU (no GPU on this machine): fake torch and driver, real CRIU and stasis"
+	$(CARGO) build --locked -p stasis-cli
+	tini -s -- tests/gpu/selftest.sh
 
 e2e: setup ## end-to-end tests on the local Kubernetes cluster (builds it from source on first use)
 	tests/e2e/cluster.sh
