@@ -78,7 +78,8 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let _lock =
         WorkloadLock::acquire(&format!("container-{}-{}", req.runc.root.display(), req.id))?;
     let processes = proctree::tree(state.pid);
-    let started = rootfs::parse_rfc3339_utc(&state.created).unwrap_or(0);
+    // Unknown creation time: everything counts as changed (safe, only slower).
+    let started = rootfs::parse_rfc3339_nanos(&state.created).unwrap_or(0);
     let image_digest = state.annotations.as_ref().and_then(|a| {
         IMAGE_DIGEST_ANNOTATIONS
             .iter()

@@ -97,11 +97,16 @@ fn tar_cmd() -> Command {
     c
 }
 
+/// File timestamps come from the kernel's coarse clock, which may lag the clock runc read the
+/// creation time from by a tick or so: entries changed up to this long before creation count as
+/// changed, so none written just after the start is missed.
+const CTIME_SLACK_NANOS: i128 = 100_000_000;
+
 /// Captures the filesystem changes of a frozen container into `image`.
-/// `started_unix` is the container's creation time (Unix seconds).
+/// `started_nanos` is the container's creation time (Unix nanoseconds).
 pub fn capture(
     rootfs: &Path,
-    started_unix: i64,
+    started_nanos: i128,
     image: &ImageDir,
 ) -> Result<RootfsCapture, EngineError> {
     let dir = image.rootfs_dir();
@@ -136,7 +141,8 @@ pub fn capture(
             let mut changed = Vec::new();
             walk(rootfs, rootfs, root_dev, &mut |rel, md| {
                 all.push(rel.to_path_buf());
-                if md.ctime() >= started_unix - 1 {
+                let ctime = i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec());
+                if ctime >= started_nanos - CTIME_SLACK_NANOS {
                     changed.push(rel.to_path_buf());
                 }
             })?;
@@ -246,11 +252,42 @@ pub fn apply(image: &ImageDir, method: RootfsMethod, target: &Path) -> Result<()
             for w in &whiteouts {
                 remove_any(&target.join(w))?;
             }
-            extract(&diff, target, &["--xattrs-exclude=trusted.overlay.*"])?;
-            // GNU tar recreated the whiteouts as device nodes: they stand for deletions.
+            // Whiteouts stand for deletions: never extract them (an overlay's merged view, the
+            // usual target, refuses `mknod c 0 0`). Exact names, one per line.
+            let exclude = std::env::temp_dir().join(format!(
+                "stasis-whiteouts-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos())
+            ));
+            let mut list = Vec::new();
             for w in &whiteouts {
-                remove_any(&target.join(w))?;
+                let b = w.as_os_str().as_bytes();
+                if b.contains(&b'\n') {
+                    return Err(EngineError::Rootfs(format!(
+                        "{}: a deleted path with a newline in its name",
+                        diff.display()
+                    )));
+                }
+                list.extend_from_slice(b);
+                list.push(b'\n');
             }
+            std::fs::write(&exclude, &list).map_err(EngineError::io(&exclude))?;
+            let exclude_arg = format!("--exclude-from={}", exclude.display());
+            let r = extract(
+                &diff,
+                target,
+                &[
+                    "--xattrs-exclude=trusted.overlay.*",
+                    "--no-wildcards",
+                    "--anchored",
+                    "--no-unquote",
+                    &exclude_arg,
+                ],
+            );
+            let _ = std::fs::remove_file(&exclude);
+            r?;
         }
     }
     Ok(())
@@ -327,6 +364,22 @@ fn scan_overlay_archive(diff: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), Eng
     Ok((whiteouts, opaque))
 }
 
+/// Parses runc's RFC 3339 `created` time into Unix nanoseconds.
+pub fn parse_rfc3339_nanos(s: &str) -> Option<i128> {
+    let secs = parse_rfc3339_utc(s)?;
+    let frac = s.get(19..).filter(|t| t.starts_with('.')).map_or("", |t| {
+        let digits = &t[1..];
+        &digits[..digits
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(digits.len())]
+    });
+    let mut nanos: i128 = 0;
+    for (i, d) in frac.bytes().take(9).enumerate() {
+        nanos += i128::from(d - b'0') * 10i128.pow(8 - i as u32);
+    }
+    Some(i128::from(secs) * 1_000_000_000 + nanos)
+}
+
 /// Parses runc's RFC 3339 `created` time (UTC, `Z`) into Unix seconds.
 pub fn parse_rfc3339_utc(s: &str) -> Option<i64> {
     let b = s.as_bytes();
@@ -363,6 +416,22 @@ pub fn parse_rfc3339_utc(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runc_created_times_with_nanoseconds() {
+        assert_eq!(
+            parse_rfc3339_nanos("1970-01-01T00:00:01.5Z"),
+            Some(1_500_000_000)
+        );
+        assert_eq!(
+            parse_rfc3339_nanos("1970-01-01T00:00:01.123456789Z"),
+            Some(1_123_456_789)
+        );
+        assert_eq!(
+            parse_rfc3339_nanos("1970-01-01T00:00:02Z"),
+            Some(2_000_000_000)
+        );
+    }
 
     #[test]
     fn runc_created_times() {
@@ -410,7 +479,7 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs() as i64;
-        let cap = capture(&rootfs, now - 3600, &image).unwrap();
+        let cap = capture(&rootfs, i128::from(now - 3600) * 1_000_000_000, &image).unwrap();
         assert_eq!(cap.method, RootfsMethod::ChangedSinceStart);
         assert!(cap.entries >= 4);
 
@@ -431,12 +500,54 @@ mod tests {
     }
 
     #[test]
+    fn overlay_whiteouts_delete_and_are_not_extracted() {
+        use std::os::unix::fs::FileTypeExt;
+        let t = tempfile::tempdir().unwrap();
+        let upper = t.path().join("upper");
+        write(&upper.join("data/new"), "new");
+        // A whiteout is a 0/0 character device: only root can make one.
+        let st = Command::new("mknod")
+            .arg(upper.join("data/gone"))
+            .args(["c", "0", "0"])
+            .status();
+        if !st.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED overlay_whiteouts_delete_and_are_not_extracted: mknod needs root");
+            return;
+        }
+        let image = ImageDir::new(t.path().join("image"));
+        std::fs::create_dir_all(image.rootfs_dir()).unwrap();
+        tools::run_capture(
+            tar_cmd()
+                .args(["--create", "--file"])
+                .arg(image.rootfs_diff())
+                .arg("-C")
+                .arg(&upper)
+                .arg("."),
+            "archive",
+        )
+        .unwrap();
+        let fresh = t.path().join("fresh");
+        write(&fresh.join("data/gone"), "image");
+        write(&fresh.join("data/kept"), "image");
+        apply(&image, RootfsMethod::OverlayUpper, &fresh).unwrap();
+        assert!(std::fs::symlink_metadata(fresh.join("data/gone")).is_err());
+        assert_eq!(
+            std::fs::read_to_string(fresh.join("data/new")).unwrap(),
+            "new"
+        );
+        assert!(!std::fs::symlink_metadata(fresh.join("data/kept"))
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+
+    #[test]
     fn unchanged_files_are_not_archived() {
         let t = tempfile::tempdir().unwrap();
         let rootfs = t.path().join("rootfs");
         write(&rootfs.join("old"), "x");
         let image = ImageDir::new(t.path().join("image"));
-        let cap = capture(&rootfs, i64::MAX / 2, &image).unwrap();
+        let cap = capture(&rootfs, i128::MAX / 2, &image).unwrap();
         assert_eq!(cap.entries, 0);
         let fresh = t.path().join("fresh");
         write(&fresh.join("old"), "x");

@@ -604,6 +604,7 @@ impl Store {
         lease: &ObjPath,
         doc: &mut LeaseDoc,
     ) -> Result<Manifest> {
+        let started = std::time::Instant::now();
         let trust = self.wait_for_gc().await?;
         let mut known: HashSet<[u8; 32]> = HashSet::new();
         if trust {
@@ -784,6 +785,10 @@ impl Store {
             })
             .collect();
         m.stats = stats;
+        // The store's share of the time, and the total the caller started counting (its
+        // `total_ms` so far) plus it: recorded in the manifest, so `inspect` shows them.
+        m.timings.store_ms = started.elapsed().as_millis() as u64;
+        m.timings.total_ms += m.timings.store_ms;
         m.validate().map_err(|source| StoreError::ManifestInvalid {
             path: format!("{}/{}", m.workload, m.id),
             source,

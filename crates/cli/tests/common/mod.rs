@@ -130,7 +130,10 @@ impl World {
             .spawn()
             .unwrap();
         copy_to_file(child.stdout.take().unwrap(), log.clone());
-        copy_to_file(child.stderr.take().unwrap(), self.path(&format!("{id}.stderr")));
+        copy_to_file(
+            child.stderr.take().unwrap(),
+            self.path(&format!("{id}.stderr")),
+        );
         assert!(child.wait().unwrap().success(), "runc run failed");
         self.containers.push(id.to_owned());
         let c = Container {
