@@ -19,7 +19,8 @@ use stasis_engine::runc::Runc;
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::server::TestServer;
 use stasis_node_api::{
-    ColdStartCause, Plan, ReportEvent, Request, RequestBody, ResponseBody, PROTOCOL_VERSION,
+    ColdStartCause, Plan, ReportEvent, Request, RequestBody, ResponseBody, RootfsMethod,
+    PROTOCOL_VERSION,
 };
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
@@ -70,6 +71,7 @@ struct World {
     dir: tempfile::TempDir,
     root: PathBuf,
     containers: Vec<String>,
+    mounts: Vec<PathBuf>,
 }
 
 impl World {
@@ -83,6 +85,7 @@ impl World {
             dir,
             root,
             containers: Vec::new(),
+            mounts: Vec::new(),
         }
     }
 
@@ -111,6 +114,87 @@ impl World {
 
     fn track(&mut self, id: &str) {
         self.containers.push(id.to_owned());
+    }
+
+    /// A bundle the way containerd makes one for a pod's container: the rootfs an overlay
+    /// mount (the image as the lower layer), CRI annotations, and the network namespace joined
+    /// by path (`None`: its own).
+    fn cri_bundle(
+        &mut self,
+        name: &str,
+        env: &[&str],
+        annotations: serde_json::Value,
+        netns: Option<&Path>,
+    ) -> PathBuf {
+        let b = self.bundle(name, env);
+        std::fs::rename(b.join("rootfs"), b.join("lower")).unwrap();
+        for d in ["rootfs", "upper", "work"] {
+            std::fs::create_dir(b.join(d)).unwrap();
+        }
+        let st = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!(
+                "lowerdir={},upperdir={},workdir={}",
+                b.join("lower").display(),
+                b.join("upper").display(),
+                b.join("work").display()
+            ))
+            .arg(b.join("rootfs"))
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount overlay");
+        self.mounts.push(b.join("rootfs"));
+        let cfg_path = b.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+        let ns = cfg["linux"]["namespaces"].as_array_mut().unwrap();
+        ns.retain(|n| n["type"] != "network");
+        ns.push(match netns {
+            Some(p) => serde_json::json!({"type": "network", "path": p}),
+            None => serde_json::json!({"type": "network"}),
+        });
+        for (k, v) in annotations.as_object().unwrap() {
+            cfg["annotations"][k] = v.clone();
+        }
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        b
+    }
+
+    /// `runc run -d` with stdout and stderr on pipes (as a shim would give them); the stdout
+    /// lines collect in the returned vector.
+    fn run_piped(
+        &mut self,
+        bundle: &Path,
+        id: &str,
+    ) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+        self.track(id);
+        let mut child = Command::new("runc")
+            .arg("--root")
+            .arg(&self.root)
+            .args(["run", "-d", "--bundle"])
+            .arg(bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let l2 = lines.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(l);
+            }
+        });
+        std::thread::spawn(move || for _ in BufReader::new(err).lines().map_while(Result::ok) {});
+        let st = child.wait().unwrap();
+        assert!(st.success(), "runc run {id}: {st}");
+        lines
+    }
+
+    fn pid(&self, id: &str) -> i32 {
+        self.runc().state(id).unwrap().pid
     }
 
     /// The wrapper with this world's settings.
@@ -195,8 +279,11 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         let r = self.runc();
-        for id in &self.containers {
+        for id in self.containers.iter().rev() {
             let _ = r.delete_force(id);
+        }
+        for m in self.mounts.iter().rev() {
+            let _ = Command::new("umount").arg(m).status();
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
@@ -495,6 +582,168 @@ fn create_without_a_plan_is_a_cold_start() {
         let out = w.wrap(&["delete", "--force", id]);
         assert!(out.status.success(), "delete: {}", text(&out));
     }
+}
+
+/// `head -1` of a TCP connection to 127.0.0.1:`port` inside the network namespace of `pid`.
+fn ask_in_netns(pid: i32, port: u16) -> String {
+    let out = Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-n", "bash", "-c"])
+        .arg(format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{port} && timeout 5 head -1 <&3"
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
+    if !ready("pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan") {
+        return;
+    }
+    let mut w = World::new("pod");
+    const PORT: u16 = 18080;
+    let env = ["STATE_MB=16", "INTERVAL_MS=100", "LISTEN_PORT=18080"];
+    let sandbox = |uid: &str| serde_json::json!({"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-uid": uid});
+    let app = |uid: &str| {
+        serde_json::json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-id": format!("sb-{uid}"),
+            "io.kubernetes.cri.sandbox-uid": uid,
+            "io.kubernetes.cri.sandbox-namespace": "default",
+            "io.kubernetes.cri.sandbox-name": format!("counter-{uid}"),
+            "io.kubernetes.cri.container-name": "app",
+        })
+    };
+
+    // Pod A: a sandbox holding the network namespace, and the app container joining it.
+    let sb1 = w.cri_bundle("sb1", &["STATE_MB=1"], sandbox("uid-a"), None);
+    w.run_piped(&sb1, "sb1");
+    let sb1_pid = w.pid("sb1");
+    let lo = |pid: i32| {
+        let st = Command::new("nsenter")
+            .args([
+                "-t",
+                &pid.to_string(),
+                "-n",
+                "ip",
+                "link",
+                "set",
+                "lo",
+                "up",
+            ])
+            .status()
+            .unwrap();
+        assert!(st.success(), "lo up");
+    };
+    lo(sb1_pid);
+    let netns1 = PathBuf::from(format!("/proc/{sb1_pid}/ns/net"));
+    let b1 = w.cri_bundle("b1", &env, app("uid-a"), Some(&netns1));
+    let c1_lines = w.run_piped(&b1, "c1");
+    let until = Instant::now() + Duration::from_secs(10);
+    while c1_lines.lock().unwrap().len() < 8 {
+        assert!(Instant::now() < until, "c1 prints nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ask_in_netns(sb1_pid, PORT).starts_with("count="));
+    std::fs::write(b1.join("rootfs/data.txt"), "pod A wrote this").unwrap();
+    std::fs::remove_file(b1.join("rootfs/etc/group")).ok();
+
+    let img = ImageDir::new(w.p("img"));
+    let cap = checkpoint_container(&ContainerCheckpoint {
+        runc: &w.runc(),
+        id: "c1",
+        image: &img,
+        leave_running: false,
+        tcp_established: true,
+    })
+    .expect("checkpoint c1");
+    assert_eq!(
+        cap.rootfs.as_ref().map(|r| r.method),
+        Some(RootfsMethod::OverlayUpper)
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let last = c1_lines
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find_map(|l| count_of(l))
+        .unwrap();
+    w.runc().delete_force("c1").unwrap();
+
+    // The replacement pod B (another uid, another sandbox); the agent's plan names its pod and
+    // container, since containerd picks the container id only at create.
+    planfile::write_verified_stamp(&img.root, "default/counter/a/1").unwrap();
+    let plans = w.run_dir().join("plans");
+    planfile::write(
+        &planfile::path_for_pod(&plans, "uid-b", "app").unwrap(),
+        &PlanFile {
+            v: PROTOCOL_VERSION,
+            container_id: None,
+            pod_uid: Some("uid-b".into()),
+            container_name: Some("app".into()),
+            plan: Plan {
+                image_dir: img.root.clone(),
+                rootfs_method: Some(RootfsMethod::OverlayUpper),
+                checkpoint_ref: "default/counter/a/1".into(),
+                tcp_established: true,
+            },
+            expires_at_unix_ms: None,
+        },
+    )
+    .unwrap();
+    let srv = agent(&w.run_dir().join("agent.sock"));
+    let sb2 = w.cri_bundle("sb2", &["STATE_MB=1"], sandbox("uid-b"), None);
+    // The sandbox's create goes through the wrapper too, untouched.
+    let (st, _sb_out) = w.create(&sb2, "sb2");
+    assert!(st.success());
+    assert!(w.wrap(&["start", "sb2"]).status.success());
+    let sb2_pid = w.pid("sb2");
+    lo(sb2_pid);
+    let netns2 = PathBuf::from(format!("/proc/{sb2_pid}/ns/net"));
+    let b2 = w.cri_bundle("b2", &env, app("uid-b"), Some(&netns2));
+    let (st, rx) = w.create(&b2, "c2");
+    assert!(st.success(), "create: {st}; log: {}", w.log());
+    assert!(w.wrap(&["start", "c2"]).status.success());
+    let (first, line) = next_count(&rx);
+    eprintln!("pod A checkpointed at count={last}; pod B's container: {line}");
+    assert!(
+        first > last && first <= last + 3,
+        "{line} after count={last}; log: {}",
+        w.log()
+    );
+    assert!(line.contains("state=ok"));
+    let answer = ask_in_netns(sb2_pid, PORT);
+    assert!(
+        answer.starts_with("count=") && answer.contains("state=ok"),
+        "{answer:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(b2.join("rootfs/data.txt")).unwrap(),
+        "pod A wrote this"
+    );
+    assert!(
+        !b2.join("rootfs/etc/group").exists(),
+        "a deletion replays as a whiteout"
+    );
+    assert!(
+        b2.join("lower/etc/group").exists(),
+        "the image layer is untouched"
+    );
+    assert!(!plans.join("pod_uid-b_app.json").exists());
+    let r = srv.wait_for(1, Duration::from_secs(3));
+    assert!(
+        r.iter().any(|q| matches!(&q.body, RequestBody::Report(rep)
+            if rep.container_id == "c2" && rep.pod.pod_uid == "uid-b" && rep.pod.container_name == "app"
+            && matches!(rep.event, ReportEvent::Restored { .. }))),
+        "{r:?}"
+    );
+    assert!(
+        !r.iter()
+            .any(|q| matches!(&q.body, RequestBody::Report(rep) if rep.container_id == "sb2")),
+        "sandboxes are not reported"
+    );
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
