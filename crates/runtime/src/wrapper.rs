@@ -82,8 +82,11 @@ enum Lookup {
         file: Option<PathBuf>,
     },
     Missing {
+        cause: ColdStartCause,
         reason: String,
         skip_report: bool,
+        /// The ordinary case (no plan): logged as info, not as a warning.
+        expected: bool,
     },
 }
 
@@ -161,8 +164,10 @@ impl Ctx {
                 Ok(None) => {}
                 Err(e) => {
                     return Lookup::Missing {
+                        cause: ColdStartCause::PlanRefused,
                         reason: format!("unusable plan file: {e}"),
                         skip_report: false,
+                        expected: false,
                     }
                 }
             }
@@ -170,8 +175,10 @@ impl Ctx {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Lookup::Missing {
+                cause: ColdStartCause::Other,
                 reason: "no plan file, and no time left to ask the agent".into(),
                 skip_report: false,
+                expected: false,
             };
         }
         match self.client(left).restore_plan(RestorePlanRequest {
@@ -191,16 +198,22 @@ impl Ctx {
             },
             // The agent has just heard of this container and said no: no report needed.
             Ok(PlanAnswer::NoPlan { reason }) => Lookup::Missing {
+                cause: ColdStartCause::NoPlan,
                 reason: format!("no restore plan: {reason}"),
                 skip_report: true,
+                expected: true,
             },
             Err(e) if e.is_no_agent() => Lookup::Missing {
+                cause: ColdStartCause::NoPlan,
                 reason: "no restore plan (no plan file, no agent)".into(),
                 skip_report: true,
+                expected: true,
             },
             Err(e) => Lookup::Missing {
+                cause: ColdStartCause::Other,
                 reason: format!("no plan file, and the agent did not answer in time: {e}"),
                 skip_report: false,
+                expected: false,
             },
         }
     }
@@ -230,17 +243,19 @@ impl Ctx {
         let (pf, file) = match self.lookup_plan(id, &kind, deadline) {
             Lookup::Found { plan, file } => (plan, file),
             Lookup::Missing {
+                cause,
                 reason,
                 skip_report,
+                expected,
             } => self.cold(
                 id,
                 &kind,
                 Cold {
-                    cause: ColdStartCause::NoPlan,
+                    cause,
                     reason,
                     checkpoint_ref: None,
                     skip_report,
-                    expected: true,
+                    expected,
                 },
             ),
         };

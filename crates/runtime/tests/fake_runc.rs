@@ -540,3 +540,60 @@ fn the_wrapper_adds_about_a_millisecond_to_create() {
     );
     assert!(wrapped - direct < 20.0 && with_agent - direct < 20.0);
 }
+
+#[test]
+fn a_slow_agent_costs_create_at_most_the_plan_timeout() {
+    let f = Fake::new();
+    let _srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| {
+        std::thread::sleep(Duration::from_secs(3));
+        Some(ResponseBody::NoPlan {
+            reason: "late".into(),
+        })
+    })
+    .unwrap();
+    let b = f.bundle("b", serde_json::json!({}));
+    let mut args = f.globals();
+    args.extend(["create", "--bundle", b.to_str().unwrap(), "c1"].map(String::from));
+    let t = Instant::now();
+    // Asking for more than the 200 ms ceiling gets the ceiling.
+    let st = f
+        .cmd(&strs(&args))
+        .env("STASIS_PLAN_TIMEOUT_MS", "10000")
+        .status()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(st.success());
+    assert!(took >= Duration::from_millis(200), "{took:?}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(f.calls()[0].1, args, "cold start");
+    assert!(
+        f.log().contains("the agent did not answer in time"),
+        "{}",
+        f.log()
+    );
+}
+
+#[test]
+fn an_untrusted_plan_file_is_not_used() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = Fake::new();
+    let srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| None).unwrap();
+    let plans = f.run_dir().join("plans");
+    let p = planfile::path_for_container(&plans, "c1").unwrap();
+    f.plan(&p, Some("c1"), "ref-1");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let b = f.bundle("b", serde_json::json!({}));
+    let mut args = f.globals();
+    args.extend(["create", "--bundle", b.to_str().unwrap(), "c1"].map(String::from));
+    assert!(f.cmd(&strs(&args)).status().unwrap().success());
+    assert_eq!(f.calls().len(), 1);
+    assert_eq!(f.calls()[0].1, args, "cold start");
+    assert!(f.log().contains("unusable plan file"), "{}", f.log());
+    assert!(f.log().contains("writable by others"), "{}", f.log());
+    let r = srv.wait_for(1, Duration::from_secs(2));
+    assert!(
+        matches!(&r[..], [Request { body: RequestBody::Report(rep), .. }]
+            if matches!(rep.event, ReportEvent::ColdStart { cause: ColdStartCause::PlanRefused, .. })),
+        "{r:?}"
+    );
+}
