@@ -746,6 +746,53 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
     );
 }
 
+/// containerd's binaries: `STASIS_CONTAINERD_BIN`, else what `scripts/cluster` builds into
+/// `~/.cache/stasis/platform/containerd-*/bin`.
+fn containerd_bin() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("STASIS_CONTAINERD_BIN") {
+        return Some(PathBuf::from(d));
+    }
+    let platform = Path::new(&std::env::var_os("HOME")?).join(".cache/stasis/platform");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(platform)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("containerd-"))
+                && p.join("bin/containerd-shim-runc-v2").exists()
+        })
+        .map(|p| p.join("bin"))
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// The real containerd 2.x runc shim drives the wrapper (`tests/shim-e2e.sh`): a cold `ctr run`,
+/// a checkpoint, then a `ctr run` whose `create` is a restore and whose `start` is a no-op.
+#[test]
+fn under_containerds_runc_shim() {
+    if !ready("under_containerds_runc_shim") {
+        return;
+    }
+    let Some(bin) = containerd_bin() else {
+        // containerd is built by `scripts/cluster` (the cluster tier), not by `scripts/setup`.
+        eprintln!(
+            "SKIPPED under_containerds_runc_shim: no containerd (set STASIS_CONTAINERD_BIN, or build the platform with scripts/cluster)"
+        );
+        return;
+    };
+    let wrapper = std::env::var_os("STASIS_RUNC_UNDER_TEST").unwrap_or(WRAPPER.into());
+    let out = Command::new(repo().join("crates/runtime/tests/shim-e2e.sh"))
+        .arg(&wrapper)
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "shim-e2e.sh: {}", text(&out));
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
