@@ -38,6 +38,29 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     Ok(l)
 }
 
+/// Decodes one request line (for an agent with its own I/O, e.g. an async runtime): `Err` holds
+/// the `error` response to send back (another protocol version, or a request that does not parse).
+pub fn decode_request(line: &[u8]) -> Result<Request, Response> {
+    let refuse = |reason: String| Response::new(ResponseBody::Error { reason });
+    let v: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| refuse(format!("bad request: {e}")))?;
+    let version = v.get("v").and_then(|x| x.as_u64());
+    if version != Some(u64::from(PROTOCOL_VERSION)) {
+        return Err(refuse(format!(
+            "unsupported protocol version {}; this agent speaks {PROTOCOL_VERSION}",
+            version.map_or_else(|| "(none)".to_owned(), |v| v.to_string())
+        )));
+    }
+    serde_json::from_value(v).map_err(|e| refuse(format!("bad request: {e}")))
+}
+
+/// Encodes one response as a line (newline included).
+pub fn encode_response(body: ResponseBody) -> Vec<u8> {
+    let mut b = serde_json::to_vec(&Response::new(body)).unwrap_or_default();
+    b.push(b'\n');
+    b
+}
+
 /// Reads one request from a connection. A request in another protocol version, or one that does
 /// not parse, is answered with an `error` response here and returned as `Err`.
 pub fn read_request(stream: &UnixStream) -> Result<Request, CodecError> {
@@ -343,6 +366,21 @@ mod tests {
         let _rude = TestServer::start(&sock3, |_| None).unwrap();
         let e = Client::new(&sock3).ping().unwrap_err();
         assert!(matches!(e, ClientError::Codec { .. }), "{e}");
+    }
+
+    #[test]
+    fn decode_and_encode_for_other_runtimes() {
+        let q = decode_request(br#"{"v":1,"op":"ping"}"#).unwrap();
+        assert_eq!(q.body, RequestBody::Ping);
+        let e = decode_request(br#"{"v":3,"op":"ping"}"#).unwrap_err();
+        assert!(matches!(e.body, ResponseBody::Error { reason } if reason.contains("version 3")));
+        let e = decode_request(br#"{"v":1,"op":"launch"}"#).unwrap_err();
+        assert!(
+            matches!(e.body, ResponseBody::Error { reason } if reason.starts_with("bad request"))
+        );
+        assert!(decode_request(b"{").is_err());
+        let line = encode_response(ResponseBody::Skipped { reason: "x".into() });
+        assert_eq!(line, b"{\"v\":1,\"result\":\"skipped\",\"reason\":\"x\"}\n");
     }
 
     #[test]
