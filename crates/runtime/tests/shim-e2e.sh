@@ -100,7 +100,11 @@ IMG=$T/img
 mkdir -p "$IMG/criu"
 runc --root "$RUNC_ROOT/$NS" checkpoint --tcp-established --file-locks \
   --image-path "$IMG/criu" --work-path "$T/work1" c1 || fail "runc checkpoint c1"
-sleep 0.5
+# The shim copies the container's output to the log asynchronously: wait until it settles.
+for _ in $(seq 50); do
+  a=$(wc -c <"$T/c1.log"); sleep 0.2; b=$(wc -c <"$T/c1.log")
+  [[ $a == "$b" && $(task_status c1) == STOPPED ]] && break
+done
 LAST=$(counts "$T/c1.log" | tail -1)
 ctr task delete -f c1 >/dev/null 2>&1 || true
 ctr container delete c1
