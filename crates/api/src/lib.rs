@@ -19,6 +19,7 @@
 
 pub mod checkpoint;
 pub mod condition;
+pub mod lineage;
 pub mod pod;
 pub mod policy;
 pub mod restore;

@@ -1,0 +1,1128 @@
+//! The Kubernetes side of the agent.
+//!
+//! - a reflector of the pods bound to this node (`spec.nodeName=<node>`), and one of the
+//!   `CheckpointPolicy`s (which pods want a termination checkpoint);
+//! - `PodCheckpoint`s whose source pod is on this node and whose phase is unset or `Pending`:
+//!   run by a checkpoint worker thread (one at a time per pod), status `Running` →
+//!   `Succeeded` / `Failed` with the `Ready` condition;
+//! - `PodRestore`s whose target pod is on this node and whose phase is unset or `Pending`:
+//!   `Fetching` → fetch, verify, plan file → `Ready`, or `Failed` with a `ColdStart` Event;
+//! - the wrapper's reports → `PodRestore` `Restored` / `ColdStart` and a pod Event;
+//! - the node labels (`stasis.dev/ready` and the fingerprint labels), refreshed periodically and
+//!   `ready` removed on shutdown;
+//! - namespace data keys from Secrets in stasis's namespace, created if absent (create-only:
+//!   the first writer wins, a loser reads the winner's key).
+//!
+//! The watchers run on tokio; every job that forks (the engine) or blocks runs on plain threads,
+//! which reach the API server through `Handle::block_on`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use stasis_api::{
+    CheckpointPhase, CheckpointPolicy, PodCheckpoint, PodCheckpointSpec, PodRestore, RestorePhase,
+};
+use stasis_core::lineage::Lineage;
+use stasis_core::{CheckpointRef, WorkloadName};
+use stasis_node_api::{ReportEvent, ReportRequest};
+use stasis_store::Key;
+use tokio::runtime::Handle;
+use tracing::{debug, info, warn};
+
+use crate::checks;
+use crate::error::{AgentError, Result};
+use crate::executor::{CheckpointJob, CheckpointOutcome, Executor, KeySource, PrepareJob, Target};
+use crate::fence::{self, Stamp, Verdict};
+use crate::keys::{self, ClusterKey};
+use crate::node::{Agent, Busy, Cluster, PodInfo};
+use crate::selector;
+use crate::status::{self, PodKey};
+
+/// Label on the `PodCheckpoint`s the agent creates itself (termination checkpoints): its own
+/// watcher leaves them alone.
+pub const CREATED_BY_LABEL: &str = "stasis.dev/created-by";
+/// Field manager of the agent's patches.
+pub const MANAGER: &str = "stasisd";
+
+fn api_err(e: kube::Error) -> AgentError {
+    AgentError::Kube(e.to_string())
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+fn to_system_time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> SystemTime {
+    let ms = t.0.as_millisecond();
+    if ms >= 0 {
+        UNIX_EPOCH + Duration::from_millis(ms as u64)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+/// What the agent needs to know about a pod, from the pod and the policies (pure).
+pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
+    let m = &pod.metadata;
+    let ns = m.namespace.clone().unwrap_or_default();
+    let name = m.name.clone().unwrap_or_default();
+    let uid = m.uid.clone().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let labels = m.labels.as_ref().unwrap_or(&empty);
+    let annotations = m.annotations.as_ref().unwrap_or(&empty);
+    let workload = stasis_api::pod::workload_identity(pod)
+        .map(|w| w.key())
+        .unwrap_or_else(|_| WorkloadName::sanitize(&format!("{ns}_pod_{name}")));
+    let selecting: Vec<&Arc<CheckpointPolicy>> = policies
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(&ns))
+        .filter(|p| selector::matches(&p.spec.selector, labels))
+        .collect();
+    let final_wanted = if selecting.is_empty() {
+        Err("no CheckpointPolicy selects this pod".to_owned())
+    } else if selecting.iter().any(|p| p.spec.on_termination) {
+        Ok(())
+    } else {
+        Err("its CheckpointPolicy has onTermination: false".to_owned())
+    };
+    PodInfo {
+        key: PodKey {
+            namespace: ns,
+            name,
+            uid: uid.clone(),
+        },
+        stamp: fence::stamp_for_pod(annotations, &workload, &uid),
+        spec_hash: stasis_api::pod::spec_hash(pod).map(|h| h.to_string()),
+        declared: stasis_api::lineage::declared(labels, annotations),
+        deletion_deadline: m.deletion_timestamp.as_ref().map(to_system_time),
+        final_wanted,
+    }
+}
+
+/// The one app container's name, when the pod has exactly one.
+pub fn single_container(pod: &Pod) -> Option<String> {
+    let cs = &pod.spec.as_ref()?.containers;
+    (cs.len() == 1).then(|| cs[0].name.clone())
+}
+
+fn phase_is_pending_ckpt(c: &PodCheckpoint) -> bool {
+    matches!(
+        c.status.as_ref().and_then(|s| s.phase),
+        None | Some(CheckpointPhase::Pending)
+    )
+}
+
+fn phase_is_pending_restore(r: &PodRestore) -> bool {
+    matches!(
+        r.status.as_ref().and_then(|s| s.phase),
+        None | Some(RestorePhase::Pending)
+    )
+}
+
+/// The Kubernetes-backed [`Cluster`].
+pub struct KubeCluster {
+    pub client: Client,
+    pub rt: Handle,
+    pub node: String,
+    /// stasis's own namespace (lineage records, data key Secrets).
+    pub namespace: String,
+    pub pods: Store<Pod>,
+    pub policies: Store<CheckpointPolicy>,
+    pub exec: Arc<Executor>,
+}
+
+impl KubeCluster {
+    fn pod_by_uid(&self, uid: &str) -> Option<Arc<Pod>> {
+        self.pods.find(|p| p.metadata.uid.as_deref() == Some(uid))
+    }
+
+    fn pod_by_name(&self, ns: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
+        })
+    }
+
+    fn info(&self, pod: &Pod) -> PodInfo {
+        pod_info(pod, &self.policies.state())
+    }
+
+    async fn lineage_record(&self, lineage: &str) -> Result<Option<Lineage>> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let Some(cm) = api
+            .get_opt(&stasis_api::lineage::record_name(lineage))
+            .await
+            .map_err(api_err)?
+        else {
+            return Ok(None);
+        };
+        let raw = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(stasis_api::lineage::RECORD_KEY))
+            .ok_or_else(|| AgentError::Kube(format!("lineage record of {lineage} has no data")))?;
+        serde_json::from_str(raw)
+            .map(Some)
+            .map_err(|e| AgentError::Kube(format!("lineage record of {lineage}: {e}")))
+    }
+
+    async fn emit(&self, pod: &PodKey, reason: &str, message: &str, warning: bool) {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let ev = status::pod_event(pod, reason, message, warning, &self.node, status::now());
+        if let Err(e) = api.create(&PostParams::default(), &ev).await {
+            warn!(pod = %pod.name, %reason, error = %e, "cannot create an Event");
+            self.exec.metrics.error("kube");
+        }
+    }
+
+    async fn patch_ckpt_status(&self, ns: &str, name: &str, s: &stasis_api::PodCheckpointStatus) {
+        let api: Api<PodCheckpoint> = Api::namespaced(self.client.clone(), ns);
+        let patch = serde_json::json!({ "status": s });
+        if let Err(e) = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(checkpoint = %name, error = %e, "cannot update a PodCheckpoint status");
+            self.exec.metrics.error("kube");
+        }
+    }
+
+    async fn patch_restore_status(&self, ns: &str, name: &str, s: &stasis_api::PodRestoreStatus) {
+        let api: Api<PodRestore> = Api::namespaced(self.client.clone(), ns);
+        let patch = serde_json::json!({ "status": s });
+        if let Err(e) = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(restore = %name, error = %e, "cannot update a PodRestore status");
+            self.exec.metrics.error("kube");
+        }
+    }
+
+    /// The `PodRestore` of a pod (by `spec.targetPodName`, the target UID when set), newest.
+    async fn restore_of(&self, pod: &PodKey) -> Option<PodRestore> {
+        let api: Api<PodRestore> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let lp = ListParams::default().fields(&format!("spec.targetPodName={}", pod.name));
+        let list = match api.list(&lp).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                warn!(pod = %pod.name, error = %e, "cannot list PodRestores");
+                return None;
+            }
+        };
+        list.into_iter()
+            .filter(|r| {
+                r.spec
+                    .target_pod_uid
+                    .as_deref()
+                    .is_none_or(|u| u == pod.uid)
+            })
+            .max_by(|a, b| {
+                a.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            })
+    }
+
+    // ------------------------------------------------------------------ jobs
+
+    /// Runs a `PodCheckpoint` whose source pod is on this node (a worker thread).
+    pub fn run_checkpoint(&self, agent: &Agent, c: &PodCheckpoint) {
+        let ns = c.metadata.namespace.clone().unwrap_or_default();
+        let name = c.metadata.name.clone().unwrap_or_default();
+        let Some(pod) = self.pod_by_name(&ns, &c.spec.source_pod_name) else {
+            return;
+        };
+        let info = self.info(&pod);
+        let prev = c.status.clone().unwrap_or_default();
+        if let Some(want) = c.spec.source_pod_uid.as_deref() {
+            if want != info.key.uid {
+                let s = status::checkpoint_failed(
+                    &prev,
+                    &self.node,
+                    stasis_api::condition::reason::SOURCE_POD_REPLACED,
+                    &format!(
+                        "pod {} now has UID {}, not {want}",
+                        info.key.name, info.key.uid
+                    ),
+                    status::now(),
+                );
+                self.rt.block_on(self.patch_ckpt_status(&ns, &name, &s));
+                return;
+            }
+        }
+        let running = status::checkpoint_running(
+            &prev,
+            &self.node,
+            &info.key.uid,
+            &info.stamp,
+            status::now(),
+        );
+        self.rt
+            .block_on(self.patch_ckpt_status(&ns, &name, &running));
+        let timeout = Duration::from_secs(
+            c.spec
+                .timeout_seconds
+                .filter(|t| *t > 0)
+                .map_or(600, |t| t as u64),
+        );
+        let deadline = Instant::now() + timeout;
+        // One checkpoint at a time per pod: wait for the one in progress.
+        let guard = loop {
+            if let Some(g) = agent.busy.try_take(&info.key.uid) {
+                break Some(g);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let r = match guard {
+            None => Err(AgentError::Deadline(
+                "another checkpoint of this pod ran until the timeout".into(),
+            )),
+            Some(_g) => agent.checkpoint(&CheckpointJob {
+                target: Target::Pod {
+                    uid: info.key.uid.clone(),
+                    container_name: None,
+                },
+                namespace: ns.clone(),
+                pod_name: info.key.name.clone(),
+                stamp: info.stamp.clone(),
+                spec_hash: info.spec_hash.clone(),
+                declared: info.declared.clone(),
+                reason: serde_json::to_value(c.spec.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "Manual".into()),
+                leave_running: true,
+                deadline: Some(deadline),
+            }),
+        };
+        self.finish_checkpoint(&ns, &name, &running, &info, &r);
+    }
+
+    fn finish_checkpoint(
+        &self,
+        ns: &str,
+        name: &str,
+        prev: &stasis_api::PodCheckpointStatus,
+        info: &PodInfo,
+        r: &Result<CheckpointOutcome>,
+    ) {
+        let s = match r {
+            Ok(o) => {
+                info!(checkpoint = %name, reference = %o.reference, total_ms = o.total_ms, "checkpoint succeeded");
+                status::checkpoint_succeeded(prev, o, info.spec_hash.as_deref(), status::now())
+            }
+            Err(e) => {
+                warn!(checkpoint = %name, error = %e, "checkpoint failed");
+                self.rt
+                    .block_on(self.emit(&info.key, "CheckpointFailed", &e.to_string(), true));
+                status::checkpoint_failed(
+                    prev,
+                    &self.node,
+                    status::failure_reason(e),
+                    &e.to_string(),
+                    status::now(),
+                )
+            }
+        };
+        self.rt.block_on(self.patch_ckpt_status(ns, name, &s));
+    }
+
+    /// Prepares a `PodRestore` whose target pod is on this node (a worker thread).
+    pub fn run_restore(&self, r: &PodRestore) {
+        let ns = r.metadata.namespace.clone().unwrap_or_default();
+        let name = r.metadata.name.clone().unwrap_or_default();
+        let Some(pod) = self.pod_by_name(&ns, &r.spec.target_pod_name) else {
+            return;
+        };
+        let info = self.info(&pod);
+        let prev = r.status.clone().unwrap_or_default();
+        if r.spec
+            .target_pod_uid
+            .as_deref()
+            .is_some_and(|u| u != info.key.uid)
+        {
+            return;
+        }
+        let fetching = status::restore(
+            &prev,
+            RestorePhase::Fetching,
+            &self.node,
+            None,
+            status::now(),
+        );
+        self.rt
+            .block_on(self.patch_restore_status(&ns, &name, &fetching));
+        let job = r
+            .spec
+            .checkpoint_ref
+            .parse::<CheckpointRef>()
+            .map_err(|e| AgentError::Invalid(format!("checkpointRef: {e}")))
+            .map(|reference| PrepareJob {
+                reference,
+                namespace: ns.clone(),
+                pod_uid: info.key.uid.clone(),
+                container_name: single_container(&pod),
+                spec_hash: info.spec_hash.clone(),
+                image_digest: None,
+                declared: info.declared.clone(),
+            });
+        match job.and_then(|j| self.exec.prepare(&j)) {
+            Ok(p) => {
+                let mut s = status::restore(
+                    &fetching,
+                    RestorePhase::Ready,
+                    &self.node,
+                    Some(format!(
+                        "{} fetched and verified ({} bytes in {} ms); the container restores when it is created",
+                        p.checkpoint_ref, p.bytes, p.fetch_ms
+                    )),
+                    status::now(),
+                );
+                s.fetch_millis = Some(p.fetch_ms as i64);
+                self.rt.block_on(self.patch_restore_status(&ns, &name, &s));
+            }
+            Err(e) => {
+                let msg = format!("cold start: {e}");
+                warn!(restore = %name, error = %e, "restore preparation failed: the pod cold-starts");
+                let s = status::restore(
+                    &fetching,
+                    RestorePhase::Failed,
+                    &self.node,
+                    Some(msg.clone()),
+                    status::now(),
+                );
+                self.rt.block_on(async {
+                    self.patch_restore_status(&ns, &name, &s).await;
+                    self.emit(&info.key, "ColdStart", &msg, true).await;
+                });
+            }
+        }
+    }
+
+    async fn create_final_record(&self, pod: &PodInfo, timeout: Duration) -> Option<String> {
+        let api: Api<PodCheckpoint> = Api::namespaced(self.client.clone(), &pod.key.namespace);
+        let base: String = pod.key.name.chars().take(200).collect();
+        let name = format!("{base}-final-{:08x}", rand::random::<u32>());
+        let mut c = PodCheckpoint::new(
+            &name,
+            PodCheckpointSpec {
+                source_pod_name: pod.key.name.clone(),
+                source_pod_uid: Some(pod.key.uid.clone()),
+                reason: stasis_api::CheckpointReason::Termination,
+                timeout_seconds: Some(timeout.as_secs().max(1) as i32),
+            },
+        );
+        c.metadata.labels = Some(BTreeMap::from([(
+            CREATED_BY_LABEL.to_owned(),
+            MANAGER.to_owned(),
+        )]));
+        match api.create(&PostParams::default(), &c).await {
+            Ok(_) => {
+                let s = status::checkpoint_running(
+                    &Default::default(),
+                    &self.node,
+                    &pod.key.uid,
+                    &pod.stamp,
+                    status::now(),
+                );
+                self.patch_ckpt_status(&pod.key.namespace, &name, &s).await;
+                Some(name)
+            }
+            Err(e) => {
+                warn!(pod = %pod.key.name, error = %e, "cannot record the termination checkpoint");
+                None
+            }
+        }
+    }
+}
+
+impl Cluster for KubeCluster {
+    fn pod(&self, pod: &stasis_node_api::PodRef) -> Option<PodInfo> {
+        self.pod_by_uid(&pod.pod_uid).map(|p| self.info(&p))
+    }
+
+    fn fence(&self, stamp: &Stamp) -> Verdict {
+        // Fail closed: a node that cannot read the lineage record (cut off from the API server)
+        // must not publish.
+        match self
+            .rt
+            .block_on(self.lineage_record(stamp.lineage.as_str()))
+        {
+            Ok(rec) => fence::decide(rec.as_ref(), stamp),
+            Err(e) => Verdict::Fenced(format!("cannot read the lineage record: {e}")),
+        }
+    }
+
+    fn checkpoint_started(
+        &self,
+        pod: &PodInfo,
+        _reason: &str,
+        timeout: Duration,
+    ) -> Option<String> {
+        self.rt.block_on(self.create_final_record(pod, timeout))
+    }
+
+    fn checkpoint_finished(
+        &self,
+        record: Option<&str>,
+        pod: &PodInfo,
+        result: &Result<CheckpointOutcome>,
+    ) {
+        if let Some(name) = record {
+            let prev = status::checkpoint_running(
+                &Default::default(),
+                &self.node,
+                &pod.key.uid,
+                &pod.stamp,
+                status::now(),
+            );
+            self.finish_checkpoint(&pod.key.namespace, name, &prev, pod, result);
+        }
+    }
+
+    fn report(&self, req: &ReportRequest) {
+        let key = match self.pod_by_uid(&req.pod.pod_uid) {
+            Some(p) => self.info(&p).key,
+            None if !req.pod.pod_name.is_empty() => PodKey {
+                namespace: req.pod.pod_namespace.clone(),
+                name: req.pod.pod_name.clone(),
+                uid: req.pod.pod_uid.clone(),
+            },
+            None => return,
+        };
+        self.rt.block_on(async {
+            let restore = self.restore_of(&key).await;
+            match &req.event {
+                ReportEvent::Restored {
+                    checkpoint_ref,
+                    restore_ms,
+                } => {
+                    if let Some(r) = &restore {
+                        let mut s = status::restore(
+                            &r.status.clone().unwrap_or_default(),
+                            RestorePhase::Restored,
+                            &self.node,
+                            Some(format!("restored from {checkpoint_ref}")),
+                            status::now(),
+                        );
+                        s.restore_millis = Some(*restore_ms as i64);
+                        let name = r.metadata.name.clone().unwrap_or_default();
+                        self.patch_restore_status(&key.namespace, &name, &s).await;
+                    }
+                    self.emit(
+                        &key,
+                        "Restored",
+                        &format!("restored from checkpoint {checkpoint_ref} in {restore_ms} ms"),
+                        false,
+                    )
+                    .await;
+                }
+                ReportEvent::ColdStart {
+                    reason,
+                    checkpoint_ref,
+                    ..
+                } => {
+                    if let Some(r) = &restore {
+                        let s = status::restore(
+                            &r.status.clone().unwrap_or_default(),
+                            RestorePhase::ColdStart,
+                            &self.node,
+                            Some(reason.clone()),
+                            status::now(),
+                        );
+                        let name = r.metadata.name.clone().unwrap_or_default();
+                        self.patch_restore_status(&key.namespace, &name, &s).await;
+                    }
+                    let msg = match checkpoint_ref {
+                        Some(c) => format!("cold start instead of restoring {c}: {reason}"),
+                        None => format!("cold start: {reason}"),
+                    };
+                    self.emit(&key, "ColdStart", &msg, restore.is_some()).await;
+                }
+            }
+        });
+    }
+}
+
+/// Namespace data keys from Secrets in stasis's namespace (see [`crate::keys`]).
+pub struct SecretKeys {
+    pub client: Client,
+    pub rt: Handle,
+    pub namespace: String,
+    pub cluster_key: Arc<ClusterKey>,
+    cache: Mutex<HashMap<String, Key>>,
+}
+
+impl SecretKeys {
+    pub fn new(
+        client: Client,
+        rt: Handle,
+        namespace: String,
+        cluster_key: Arc<ClusterKey>,
+    ) -> Self {
+        Self {
+            client,
+            rt,
+            namespace,
+            cluster_key,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn unwrap_secret(&self, ns: &str, s: &Secret) -> Result<Key> {
+        let wrapped = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get(keys::SECRET_FIELD))
+            .ok_or_else(|| {
+                AgentError::Kube(format!(
+                    "Secret {} has no {} field",
+                    keys::secret_name(ns),
+                    keys::SECRET_FIELD
+                ))
+            })?;
+        let secret = self.cluster_key.unwrap(ns, &wrapped.0)?;
+        Ok(Key::from_secret(&secret))
+    }
+
+    async fn load(&self, ns: &str) -> Result<Key> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = keys::secret_name(ns);
+        if let Some(s) = api.get_opt(&name).await.map_err(api_err)? {
+            return self.unwrap_secret(ns, &s);
+        }
+        // Absent: create it. Create-only, never update: if another agent (or the controller)
+        // created it first, our create fails with 409 and we use theirs.
+        let data_key = keys::new_data_key()?;
+        let wrapped = self.cluster_key.wrap(ns, &data_key)?;
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    keys::NAMESPACE_LABEL.to_owned(),
+                    ns.to_owned(),
+                )])),
+                annotations: Some(BTreeMap::from([(
+                    keys::CLUSTER_KEY_ID_ANNOTATION.to_owned(),
+                    self.cluster_key.id().to_owned(),
+                )])),
+                ..Default::default()
+            },
+            type_: Some("Opaque".into()),
+            immutable: Some(true),
+            data: Some(BTreeMap::from([(
+                keys::SECRET_FIELD.to_owned(),
+                ByteString(wrapped),
+            )])),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => {
+                info!(namespace = %ns, "created the namespace's data key");
+                Ok(Key::from_secret(&data_key))
+            }
+            Err(e) if is_status(&e, 409) => {
+                let s = api.get(&name).await.map_err(api_err)?;
+                self.unwrap_secret(ns, &s)
+            }
+            Err(e) => Err(api_err(e)),
+        }
+    }
+}
+
+impl KeySource for SecretKeys {
+    fn key(&self, namespace: &str) -> Result<Key> {
+        if let Some(k) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(namespace)
+        {
+            return Ok(k.clone());
+        }
+        let k = self.rt.block_on(self.load(namespace))?;
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(namespace.to_owned(), k.clone());
+        Ok(k)
+    }
+}
+
+/// Sets (or removes) the agent's labels on its node.
+pub async fn patch_node_labels(
+    client: &Client,
+    node: &str,
+    labels: &BTreeMap<String, Option<String>>,
+) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    api.patch(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(&checks::labels_patch(labels)),
+    )
+    .await
+    .map_err(api_err)?;
+    Ok(())
+}
+
+/// Settings of [`start`].
+#[derive(Debug, Clone)]
+pub struct KubeSettings {
+    pub node: String,
+    pub namespace: String,
+    pub containerd_configs: Vec<PathBuf>,
+    pub runtime_binary: PathBuf,
+    pub check_interval: Duration,
+}
+
+/// Everything [`start`] started.
+pub struct Running {
+    pub cluster: Arc<KubeCluster>,
+    pub pods_ready: Arc<AtomicBool>,
+}
+
+enum Job {
+    Checkpoint(Arc<PodCheckpoint>),
+    Restore(Arc<PodRestore>),
+}
+
+fn job_key(j: &Job) -> String {
+    match j {
+        Job::Checkpoint(c) => format!(
+            "c/{}/{}",
+            c.metadata.namespace.as_deref().unwrap_or(""),
+            c.metadata.name.as_deref().unwrap_or("")
+        ),
+        Job::Restore(r) => format!(
+            "r/{}/{}",
+            r.metadata.namespace.as_deref().unwrap_or(""),
+            r.metadata.name.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// A worker thread draining one queue; `queued` deduplicates jobs until they finish.
+fn worker(
+    name: &str,
+    rx: mpsc::Receiver<Job>,
+    cluster: Arc<KubeCluster>,
+    agent: Arc<Agent>,
+    queued: Arc<Mutex<HashSet<String>>>,
+) {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            for job in rx {
+                let key = job_key(&job);
+                match &job {
+                    Job::Checkpoint(c) => cluster.run_checkpoint(&agent, c),
+                    Job::Restore(r) => cluster.run_restore(r),
+                }
+                queued
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&key);
+            }
+        })
+        .expect("spawn a worker thread");
+}
+
+/// Starts the reflectors, watchers and workers on the current runtime.
+pub async fn start(
+    client: Client,
+    settings: KubeSettings,
+    exec: Arc<Executor>,
+    busy: Arc<Busy>,
+) -> Result<Running> {
+    let rt = Handle::current();
+    let pods_api: Api<Pod> = Api::all(client.clone());
+    let (pods, pods_writer) = reflector::store();
+    let pod_stream = reflector::reflector(
+        pods_writer,
+        watcher(
+            pods_api,
+            watcher::Config::default().fields(&format!("spec.nodeName={}", settings.node)),
+        ),
+    )
+    .default_backoff()
+    .applied_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(pod_stream);
+        while let Some(ev) = pod_stream.next().await {
+            if let Err(e) = ev {
+                warn!(error = %e, "pod watch");
+            }
+        }
+    });
+    let (policies, pol_writer) = reflector::store();
+    let pol_stream = reflector::reflector(
+        pol_writer,
+        watcher(
+            Api::<CheckpointPolicy>::all(client.clone()),
+            Default::default(),
+        ),
+    )
+    .default_backoff()
+    .applied_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(pol_stream);
+        while let Some(ev) = pol_stream.next().await {
+            if let Err(e) = ev {
+                debug!(error = %e, "policy watch");
+            }
+        }
+    });
+    let cluster = Arc::new(KubeCluster {
+        client: client.clone(),
+        rt: rt.clone(),
+        node: settings.node.clone(),
+        namespace: settings.namespace.clone(),
+        pods: pods.clone(),
+        policies,
+        exec: exec.clone(),
+    });
+    let agent = Arc::new(Agent {
+        exec: exec.clone(),
+        cluster: cluster.clone(),
+        busy,
+    });
+    let pods_ready = Arc::new(AtomicBool::new(false));
+    {
+        let (pods, ready) = (pods.clone(), pods_ready.clone());
+        tokio::spawn(async move {
+            if pods.wait_until_ready().await.is_ok() {
+                ready.store(true, Ordering::SeqCst);
+                info!(pods = pods.state().len(), "pods of this node known");
+            }
+        });
+    }
+
+    let queued = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let (ckpt_tx, ckpt_rx) = mpsc::sync_channel::<Job>(256);
+    let (rest_tx, rest_rx) = mpsc::sync_channel::<Job>(256);
+    let rest_tx2 = rest_tx.clone();
+    worker(
+        "checkpoints",
+        ckpt_rx,
+        cluster.clone(),
+        agent.clone(),
+        queued.clone(),
+    );
+    worker("restores", rest_rx, cluster.clone(), agent, queued.clone());
+    let enqueue = move |tx: &mpsc::SyncSender<Job>, job: Job| {
+        let key = job_key(&job);
+        let fresh = queued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
+        if fresh && tx.try_send(job).is_err() {
+            warn!(job = %key, "work queue full; the job is retried at the next resync");
+            queued
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        }
+    };
+
+    // PodCheckpoints: pending ones whose source pod is on this node.
+    {
+        let (pods, enqueue, pods_ready) = (pods.clone(), enqueue.clone(), pods_ready.clone());
+        let node = settings.node.clone();
+        let stream = watcher(
+            Api::<PodCheckpoint>::all(client.clone()),
+            Default::default(),
+        )
+        .default_backoff()
+        .touched_objects();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let c = match ev {
+                    Ok(c) => c,
+                    Err(e) => {
+                        warn!(error = %e, "PodCheckpoint watch");
+                        continue;
+                    }
+                };
+                if !phase_is_pending_ckpt(&c) || c.labels().get(CREATED_BY_LABEL).is_some() {
+                    continue;
+                }
+                while !pods_ready.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let ns = c.metadata.namespace.clone().unwrap_or_default();
+                let ours = pods
+                    .find(|p| {
+                        p.metadata.namespace.as_deref() == Some(&ns)
+                            && p.metadata.name.as_deref() == Some(&c.spec.source_pod_name)
+                    })
+                    .is_some();
+                let elsewhere = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node.as_deref())
+                    .is_some_and(|n| n != node);
+                if ours && !elsewhere {
+                    enqueue(&ckpt_tx, Job::Checkpoint(Arc::new(c)));
+                }
+            }
+        });
+    }
+    // PodRestores: pending ones whose target pod is bound to this node.
+    {
+        let (pods, pods_ready, enqueue) = (pods.clone(), pods_ready.clone(), enqueue.clone());
+        let stream = watcher(Api::<PodRestore>::all(client.clone()), Default::default())
+            .default_backoff()
+            .touched_objects();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let r = match ev {
+                    Ok(r) => r,
+                    Err(e) => {
+                        warn!(error = %e, "PodRestore watch");
+                        continue;
+                    }
+                };
+                if !phase_is_pending_restore(&r) {
+                    continue;
+                }
+                while !pods_ready.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let ns = r.metadata.namespace.clone().unwrap_or_default();
+                let ours = pods
+                    .find(|p| {
+                        p.metadata.namespace.as_deref() == Some(&ns)
+                            && p.metadata.name.as_deref() == Some(&r.spec.target_pod_name)
+                    })
+                    .is_some();
+                if ours {
+                    enqueue(&rest_tx, Job::Restore(Arc::new(r)));
+                }
+            }
+        });
+    }
+    // A pod that lands on this node after its PodRestore was created (the usual order: the
+    // webhook creates it at admission, before the pod is bound): look for pending PodRestores
+    // of every pod newly seen here.
+    {
+        let (client, pods, cluster) = (client.clone(), pods.clone(), cluster.clone());
+        tokio::spawn(async move {
+            let mut seen: HashSet<String> = HashSet::new();
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let now: Vec<Arc<Pod>> = pods.state();
+                let uids: HashSet<String> =
+                    now.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                for p in now
+                    .iter()
+                    .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| !seen.contains(u)))
+                {
+                    let key = cluster.info(p).key;
+                    let api: Api<PodRestore> = Api::namespaced(client.clone(), &key.namespace);
+                    let lp =
+                        ListParams::default().fields(&format!("spec.targetPodName={}", key.name));
+                    match api.list(&lp).await {
+                        Ok(l) => {
+                            for r in l.items.into_iter().filter(phase_is_pending_restore) {
+                                enqueue(&rest_tx2, Job::Restore(Arc::new(r)));
+                            }
+                        }
+                        Err(e) => warn!(pod = %key.name, error = %e, "cannot list PodRestores"),
+                    }
+                }
+                seen = uids;
+            }
+        });
+    }
+    Ok(Running {
+        cluster,
+        pods_ready,
+    })
+}
+
+/// Periodically runs the node checks, publishes the labels and sweeps stale plans and images
+/// (a plain thread: the checks fork `criu` and `runc`).
+pub fn label_loop(
+    running: &Running,
+    settings: KubeSettings,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let cluster = running.cluster.clone();
+    let pods_ready = running.pods_ready.clone();
+    std::thread::Builder::new()
+        .name("node-checks".into())
+        .spawn(move || {
+            let mut last_ready = None;
+            while !stop.load(Ordering::SeqCst) {
+                let c = checks::run(&settings.containerd_configs, &settings.runtime_binary);
+                let ready = c.ready();
+                if last_ready != Some(ready) {
+                    if ready {
+                        info!(criu = ?c.criu, runc = ?c.runc, handler = ?c.handler, "node ready for restores");
+                    } else {
+                        warn!(problems = ?c.problems(), "node not ready for restores");
+                    }
+                }
+                cluster.exec.metrics.set_ready(ready);
+                let gpu = stasis_engine::cuda::gpu_fingerprint();
+                let labels =
+                    checks::node_labels(ready, &stasis_engine::node::arch(), gpu.as_ref());
+                match cluster
+                    .rt
+                    .block_on(patch_node_labels(&cluster.client, &settings.node, &labels))
+                {
+                    Ok(()) => last_ready = Some(ready),
+                    Err(e) => warn!(error = %e, "cannot label the node"),
+                }
+                if pods_ready.load(Ordering::SeqCst) {
+                    let live: HashSet<String> = cluster
+                        .pods
+                        .state()
+                        .iter()
+                        .filter_map(|p| p.metadata.uid.clone())
+                        .collect();
+                    cluster.exec.sweep(&live);
+                }
+                let until = Instant::now() + settings.check_interval;
+                while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        })
+        .expect("spawn the node-checks thread")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn policy(ns: &str, app: &str, on_term: bool) -> Arc<CheckpointPolicy> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "stasis.dev/v1alpha1", "kind": "CheckpointPolicy",
+                "metadata": {"name": "p", "namespace": ns},
+                "spec": {"selector": {"matchLabels": {"app": app}}, "interval": "10s",
+                         "onTermination": on_term}
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn pod_info_from_pod_and_policies() {
+        let p = pod(json!({
+            "metadata": {
+                "name": "counter-7d9f-x2", "namespace": "default", "uid": "0b5c7e1a-1111",
+                "labels": {"app": "counter", "pod-template-hash": "7d9f",
+                           "declare.stasis.dev/engine": "v1"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "counter-7d9f", "uid": "rs", "controller": true}],
+                "annotations": {"stasis.dev/lineage": "default_deployment_counter.aa",
+                                "stasis.dev/generation": "3"},
+                "deletionTimestamp": "2026-11-29T09:00:30Z"
+            },
+            "spec": {"containers": [{"name": "counter", "image": "stasis-counter:dev"}]}
+        }));
+        let i = pod_info(&p, &[policy("default", "counter", true)]);
+        assert_eq!(i.key.uid, "0b5c7e1a-1111");
+        assert_eq!(i.stamp.lineage.as_str(), "default_deployment_counter.aa");
+        assert_eq!(i.stamp.generation, 3);
+        assert!(i.spec_hash.as_deref().unwrap().starts_with("blake3:"));
+        assert_eq!(i.declared["engine"], "v1");
+        assert_eq!(
+            i.deletion_deadline,
+            Some(UNIX_EPOCH + Duration::from_secs(1_795_942_830))
+        );
+        assert!(i.final_wanted.is_ok());
+        assert_eq!(single_container(&p).as_deref(), Some("counter"));
+        // Policy in another namespace, another app, or onTermination false.
+        assert!(pod_info(&p, &[policy("other", "counter", true)])
+            .final_wanted
+            .is_err());
+        assert!(pod_info(&p, &[policy("default", "x", true)])
+            .final_wanted
+            .unwrap_err()
+            .contains("no CheckpointPolicy"));
+        assert!(pod_info(&p, &[policy("default", "counter", false)])
+            .final_wanted
+            .unwrap_err()
+            .contains("onTermination"));
+
+        // Without the webhook's annotations: the fallback lineage of its workload.
+        let bare = pod(json!({
+            "metadata": {"name": "solo", "namespace": "ns1", "uid": "abcdef12-3"},
+            "spec": {"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}
+        }));
+        let i = pod_info(&bare, &[]);
+        assert!(!i.stamp.claimed);
+        assert!(
+            i.stamp.lineage.as_str().ends_with(".abcdef12"),
+            "{}",
+            i.stamp.lineage
+        );
+        assert_eq!(single_container(&bare), None);
+    }
+
+    #[test]
+    fn pending_phases() {
+        let mut c = PodCheckpoint::new(
+            "c",
+            PodCheckpointSpec {
+                source_pod_name: "p".into(),
+                source_pod_uid: None,
+                reason: Default::default(),
+                timeout_seconds: None,
+            },
+        );
+        assert!(phase_is_pending_ckpt(&c));
+        c.status = Some(stasis_api::PodCheckpointStatus {
+            phase: Some(CheckpointPhase::Running),
+            ..Default::default()
+        });
+        assert!(!phase_is_pending_ckpt(&c));
+        let mut r = PodRestore::new(
+            "r",
+            stasis_api::PodRestoreSpec {
+                checkpoint_ref: "l/x".into(),
+                target_pod_name: "p".into(),
+                target_pod_uid: None,
+                source_pod_name: None,
+                lineage: None,
+                generation: None,
+            },
+        );
+        assert!(phase_is_pending_restore(&r));
+        r.status = Some(stasis_api::PodRestoreStatus {
+            phase: Some(RestorePhase::Pending),
+            ..Default::default()
+        });
+        assert!(phase_is_pending_restore(&r));
+        r.status.as_mut().unwrap().phase = Some(RestorePhase::Ready);
+        assert!(!phase_is_pending_restore(&r));
+    }
+}

@@ -1,0 +1,30 @@
+//! stasis-agent: `stasisd`, the node agent (DaemonSet).
+//!
+//! - [`executor`]: synchronous checkpoints (engine + store upload) and restore preparation
+//!   (fetch + verify into `/var/lib/stasis/images/<pod-uid>/<container>/`, plan file);
+//! - [`resolve`]: a pod's containers from runc state and CRI annotations;
+//! - [`server`] and [`node`]: the node-api socket (`restore_plan`, `final_checkpoint`,
+//!   `report`) and the per-pod serialisation of checkpoints;
+//! - [`kube`]: the Kubernetes side (PodCheckpoint / PodRestore watchers, status, Events,
+//!   node labels, data keys);
+//! - pure helpers with unit tests: [`keys`] (data key wrap/unwrap), [`fence`], [`status`],
+//!   [`checks`], [`selector`], [`metrics`].
+//!
+//! docs/design.md §12 describes the agent.
+
+pub mod checks;
+pub mod error;
+pub mod executor;
+pub mod fence;
+pub mod http;
+pub mod keys;
+pub mod kube;
+pub mod metrics;
+pub mod node;
+pub mod resolve;
+pub mod run;
+pub mod selector;
+pub mod server;
+pub mod status;
+
+pub use error::{AgentError, Result};

@@ -1,0 +1,140 @@
+//! `stasisd`: flags and environment → logging → [`stasis_agent::run::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The stasis node agent.
+#[derive(Debug, Parser)]
+#[command(name = "stasisd", version)]
+struct Args {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node_name: String,
+    /// stasis's own namespace (lineage records, data key Secrets).
+    #[arg(long, env = "STASIS_NAMESPACE", default_value = "stasis")]
+    namespace: String,
+    /// Checkpoint store URL (`s3://bucket/prefix`, `file:///dir`); S3 credentials from AWS_*.
+    #[arg(long, env = "STASIS_STORE")]
+    store: String,
+    /// The cluster key (32 bytes or 64 hex digits; a mounted Secret) that wraps namespace keys.
+    #[arg(
+        long,
+        env = "STASIS_CLUSTER_KEY_FILE",
+        default_value = "/etc/stasis/cluster-key/key"
+    )]
+    cluster_key: PathBuf,
+    /// One data key for every namespace instead of wrapped per-namespace keys (standalone, dev).
+    #[arg(long, env = "STASIS_KEY_FILE")]
+    key_file: Option<PathBuf>,
+    /// The runc root containerd's runc shim uses.
+    #[arg(
+        long,
+        env = "STASIS_RUNC_ROOT",
+        default_value = "/run/containerd/runc/k8s.io"
+    )]
+    runc_root: PathBuf,
+    #[arg(long, env = "STASIS_AGENT_SOCKET", default_value = stasis_node_api::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[arg(long, env = "STASIS_PLANS_DIR", default_value = stasis_node_api::DEFAULT_PLANS_DIR)]
+    plans_dir: PathBuf,
+    #[arg(
+        long,
+        env = "STASIS_IMAGES_DIR",
+        default_value = "/var/lib/stasis/images"
+    )]
+    images_dir: PathBuf,
+    #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
+    work_dir: PathBuf,
+    /// Address of /metrics and /healthz ("" to disable).
+    #[arg(long, env = "STASIS_METRICS_ADDR", default_value = "0.0.0.0:9464")]
+    metrics_addr: String,
+    /// Where the node installer put the runtime wrapper (a node-ready check).
+    #[arg(
+        long,
+        env = "STASIS_RUNTIME_BINARY",
+        default_value = "/opt/stasis/bin/stasis-runc"
+    )]
+    runtime_binary: PathBuf,
+    /// containerd configuration files or drop-in directories to find the `stasis` handler in.
+    #[arg(
+        long = "containerd-config",
+        env = "STASIS_CONTAINERD_CONFIG",
+        value_delimiter = ',',
+        default_value = "/etc/containerd/config.toml,/etc/containerd/conf.d"
+    )]
+    containerd_configs: Vec<PathBuf>,
+    /// Seconds between node checks (labels) and sweeps of stale plans and images.
+    #[arg(long, env = "STASIS_CHECK_INTERVAL", default_value_t = 60)]
+    check_interval_secs: u64,
+    /// Seconds a prepared restore plan stays valid.
+    #[arg(long, env = "STASIS_PLAN_TTL", default_value_t = 3600)]
+    plan_ttl_secs: u64,
+    /// Do not dump established TCP connections.
+    #[arg(long)]
+    no_tcp_established: bool,
+    /// No Kubernetes: serve the node API and metrics only.
+    #[arg(long, env = "STASIS_STANDALONE")]
+    standalone: bool,
+    #[arg(long, env = "STASIS_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Runtime worker threads (the store's I/O; the engine runs on its own threads).
+    #[arg(long, env = "STASIS_WORKER_THREADS", default_value_t = 2)]
+    worker_threads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match a.log_format {
+        LogFormat::Json => fmt.json().init(),
+        LogFormat::Text => fmt.init(),
+    }
+    if a.node_name.is_empty() && !a.standalone {
+        anyhow::bail!("NODE_NAME is not set (the DaemonSet gives it from spec.nodeName)");
+    }
+    let metrics_addr: Option<SocketAddr> = if a.metrics_addr.is_empty() {
+        None
+    } else {
+        Some(a.metrics_addr.parse().context("--metrics-addr")?)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(a.worker_threads.max(1))
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let cfg = stasis_agent::run::Config {
+        node_name: a.node_name,
+        namespace: a.namespace,
+        store: a.store,
+        cluster_key_file: Some(a.cluster_key),
+        key_file: a.key_file,
+        runc_root: a.runc_root,
+        socket: a.socket,
+        plans_dir: a.plans_dir,
+        images_dir: a.images_dir,
+        work_dir: a.work_dir,
+        metrics_addr,
+        runtime_binary: a.runtime_binary,
+        containerd_configs: a.containerd_configs,
+        check_interval: Duration::from_secs(a.check_interval_secs.max(1)),
+        plan_ttl: Duration::from_secs(a.plan_ttl_secs.max(1)),
+        tcp_established: !a.no_tcp_established,
+        standalone: a.standalone,
+    };
+    stasis_agent::run::run(cfg, &rt).context("stasisd")?;
+    Ok(())
+}

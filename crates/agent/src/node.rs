@@ -1,0 +1,328 @@
+//! The agent's node side: the [`NodeHandler`] behind the socket, per-pod serialisation of
+//! checkpoints, and the [`Cluster`] seam through which it learns about pods and reports to the
+//! API server (the Kubernetes implementation is `kube::KubeCluster`; [`Standalone`] needs no
+//! cluster).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use stasis_core::WorkloadName;
+use stasis_node_api::{
+    FinalCheckpointRequest, PodRef, ReportEvent, ReportRequest, ResponseBody, RestorePlanRequest,
+};
+use tracing::{info, warn};
+
+use crate::error::{AgentError, Result};
+use crate::executor::{CheckpointJob, CheckpointOutcome, Executor, Target};
+use crate::fence::{self, Stamp, Verdict};
+use crate::server::NodeHandler;
+use crate::status::PodKey;
+
+/// What the agent knows about a pod on its node.
+#[derive(Debug, Clone)]
+pub struct PodInfo {
+    pub key: PodKey,
+    pub stamp: Stamp,
+    pub spec_hash: Option<String>,
+    pub declared: BTreeMap<String, String>,
+    /// `metadata.deletionTimestamp` (the end of the grace period) when the pod is terminating.
+    pub deletion_deadline: Option<SystemTime>,
+    /// Whether a termination checkpoint is wanted (a policy selects the pod with
+    /// `onTermination: true`); the reason when not.
+    pub final_wanted: std::result::Result<(), String>,
+}
+
+/// The cluster as the node side sees it.
+pub trait Cluster: Send + Sync {
+    /// The pod a container belongs to.
+    fn pod(&self, pod: &PodRef) -> Option<PodInfo>;
+    /// The fencing verdict for a stamp (reads the lineage record).
+    fn fence(&self, stamp: &Stamp) -> Verdict;
+    /// A checkpoint the agent started itself (termination): record it; returns its record's
+    /// name.
+    fn checkpoint_started(&self, pod: &PodInfo, reason: &str, timeout: Duration) -> Option<String>;
+    fn checkpoint_finished(
+        &self,
+        record: Option<&str>,
+        pod: &PodInfo,
+        result: &Result<CheckpointOutcome>,
+    );
+    /// The wrapper's report of a restore or a cold start.
+    fn report(&self, req: &ReportRequest);
+}
+
+/// No cluster: pods are known from the container annotations alone, nothing fences, nothing is
+/// recorded.
+pub struct Standalone;
+
+impl Cluster for Standalone {
+    fn pod(&self, pod: &PodRef) -> Option<PodInfo> {
+        let key = WorkloadName::sanitize(&format!("{}_pod_{}", pod.pod_namespace, pod.pod_name));
+        Some(PodInfo {
+            key: PodKey {
+                namespace: pod.pod_namespace.clone(),
+                name: pod.pod_name.clone(),
+                uid: pod.pod_uid.clone(),
+            },
+            stamp: fence::stamp_for_pod(&BTreeMap::new(), &key, &pod.pod_uid),
+            spec_hash: None,
+            declared: BTreeMap::new(),
+            deletion_deadline: None,
+            final_wanted: Ok(()),
+        })
+    }
+    fn fence(&self, _stamp: &Stamp) -> Verdict {
+        Verdict::NoRecord
+    }
+    fn checkpoint_started(&self, _: &PodInfo, _: &str, _: Duration) -> Option<String> {
+        None
+    }
+    fn checkpoint_finished(&self, _: Option<&str>, _: &PodInfo, _: &Result<CheckpointOutcome>) {}
+    fn report(&self, _: &ReportRequest) {}
+}
+
+/// Pods with a checkpoint in progress: one at a time per pod.
+#[derive(Debug, Default)]
+pub struct Busy(Mutex<HashSet<String>>);
+
+pub struct BusyGuard<'a> {
+    set: &'a Busy,
+    uid: String,
+}
+
+impl Busy {
+    pub fn try_take(&self, uid: &str) -> Option<BusyGuard<'_>> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        g.insert(uid.to_owned()).then(|| BusyGuard {
+            set: self,
+            uid: uid.to_owned(),
+        })
+    }
+    pub fn is_busy(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(uid)
+    }
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.set
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.uid);
+    }
+}
+
+/// The deadline of a termination checkpoint: what the wrapper allows (less a margin to answer
+/// in), bounded by the end of the pod's grace period (less a margin for the SIGTERM).
+pub fn final_deadline(
+    now: Instant,
+    now_wall: SystemTime,
+    requested_ms: u64,
+    deletion_deadline: Option<SystemTime>,
+) -> Option<Instant> {
+    let asked = Duration::from_millis(requested_ms).checked_sub(Duration::from_millis(300))?;
+    let grace = match deletion_deadline {
+        None => asked,
+        Some(d) => d
+            .duration_since(now_wall)
+            .ok()?
+            .checked_sub(Duration::from_millis(500))?,
+    };
+    let left = asked.min(grace);
+    (!left.is_zero()).then(|| now + left)
+}
+
+pub struct Agent {
+    pub exec: Arc<Executor>,
+    pub cluster: Arc<dyn Cluster>,
+    pub busy: Arc<Busy>,
+}
+
+impl Agent {
+    /// Runs one checkpoint of a pod (the caller holds the pod's [`BusyGuard`]).
+    pub fn checkpoint(&self, job: &CheckpointJob) -> Result<CheckpointOutcome> {
+        let cluster = self.cluster.clone();
+        let stamp = job.stamp.clone();
+        self.exec.checkpoint(job, &move || cluster.fence(&stamp))
+    }
+
+    fn final_checkpoint_inner(&self, req: &FinalCheckpointRequest) -> ResponseBody {
+        let skipped = |r: &str| ResponseBody::Skipped { reason: r.into() };
+        if req.deadline_ms == 0 {
+            return skipped("no time given");
+        }
+        let c = match self
+            .exec
+            .resolve(&Target::ContainerId(req.container_id.clone()))
+        {
+            Ok(c) => c,
+            Err(e) => return skipped(&e.to_string()),
+        };
+        let pod = c.pod().unwrap_or_else(|| req.pod.clone());
+        if pod.pod_uid.is_empty() {
+            return skipped("not a pod's container (no CRI annotations)");
+        }
+        let Some(info) = self.cluster.pod(&pod) else {
+            return skipped("the agent does not know this pod");
+        };
+        if let Err(why) = &info.final_wanted {
+            return skipped(why);
+        }
+        let Some(deadline) = final_deadline(
+            Instant::now(),
+            SystemTime::now(),
+            req.deadline_ms,
+            info.deletion_deadline,
+        ) else {
+            return skipped("no time left in the grace period");
+        };
+        let Some(guard) = self.busy.try_take(&pod.pod_uid) else {
+            return skipped("a checkpoint of this pod is already in progress");
+        };
+        drop(guard);
+        let job = CheckpointJob {
+            target: Target::ContainerId(c.id.clone()),
+            namespace: info.key.namespace.clone(),
+            pod_name: info.key.name.clone(),
+            stamp: info.stamp.clone(),
+            spec_hash: info.spec_hash.clone(),
+            declared: info.declared.clone(),
+            reason: "Termination".into(),
+            leave_running: true,
+            deadline: Some(deadline),
+        };
+        let (tx, rx) = mpsc::channel();
+        let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
+        let uid = pod.pod_uid.clone();
+        let spawned = std::thread::Builder::new()
+            .name("final-checkpoint".into())
+            .spawn(move || {
+                let Some(_g) = busy.try_take(&uid) else {
+                    let _ = tx.send(Err(AgentError::Invalid(
+                        "a checkpoint of this pod is already in progress".into(),
+                    )));
+                    return;
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                let record = cluster.checkpoint_started(&info, "Termination", left);
+                let a = Agent {
+                    exec,
+                    cluster: cluster.clone(),
+                    busy: busy.clone(),
+                };
+                let r = a.checkpoint(&job);
+                cluster.checkpoint_finished(record.as_deref(), &info, &r);
+                let _ = tx.send(r);
+            });
+        if spawned.is_err() {
+            return ResponseBody::Failed {
+                reason: "cannot start the checkpoint thread".into(),
+            };
+        }
+        let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(200);
+        match rx.recv_timeout(wait) {
+            Ok(Ok(o)) => {
+                info!(container = %req.container_id, reference = %o.reference, total_ms = o.total_ms, "final checkpoint done");
+                ResponseBody::Done {
+                    checkpoint_ref: o.reference,
+                }
+            }
+            Ok(Err(e)) => {
+                warn!(container = %req.container_id, error = %e, "final checkpoint failed");
+                ResponseBody::Failed {
+                    reason: e.to_string(),
+                }
+            }
+            Err(_) => ResponseBody::Failed {
+                reason: "the final checkpoint did not finish before its deadline".into(),
+            },
+        }
+    }
+}
+
+impl NodeHandler for Agent {
+    fn restore_plan(&self, req: &RestorePlanRequest) -> ResponseBody {
+        match self
+            .exec
+            .plan_for(&req.container_id, &req.pod.pod_uid, &req.pod.container_name)
+        {
+            Some(p) => ResponseBody::Plan(p),
+            None => ResponseBody::NoPlan {
+                reason: "no restore prepared on this node for this container".into(),
+            },
+        }
+    }
+
+    fn final_checkpoint(&self, req: &FinalCheckpointRequest) -> ResponseBody {
+        self.final_checkpoint_inner(req)
+    }
+
+    fn report(&self, req: &ReportRequest) {
+        match &req.event {
+            ReportEvent::Restored {
+                checkpoint_ref,
+                restore_ms,
+            } => {
+                info!(container = %req.container_id, %checkpoint_ref, restore_ms, "restored");
+                self.exec.metrics.restore("restored");
+                self.exec.metrics.phase_ms("restore", *restore_ms);
+            }
+            ReportEvent::ColdStart { cause, reason, .. } => {
+                info!(container = %req.container_id, ?cause, %reason, "cold start");
+                self.exec.metrics.restore("cold_start");
+            }
+        }
+        if !req.pod.pod_uid.is_empty() && !req.pod.container_name.is_empty() {
+            self.exec.forget(&req.pod.pod_uid, &req.pod.container_name);
+        }
+        self.cluster.report(req);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_deadline_is_bounded_by_the_grace_period() {
+        let now = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        // Only the wrapper's budget.
+        assert_eq!(
+            final_deadline(now, wall, 20_000, None),
+            Some(now + Duration::from_millis(19_700))
+        );
+        // The grace period ends sooner.
+        assert_eq!(
+            final_deadline(now, wall, 20_000, Some(wall + Duration::from_secs(5))),
+            Some(now + Duration::from_millis(4_500))
+        );
+        // Nothing left.
+        assert_eq!(final_deadline(now, wall, 200, None), None);
+        assert_eq!(
+            final_deadline(now, wall, 20_000, Some(wall - Duration::from_secs(1))),
+            None
+        );
+        assert_eq!(
+            final_deadline(now, wall, 20_000, Some(wall + Duration::from_millis(400))),
+            None
+        );
+    }
+
+    #[test]
+    fn one_checkpoint_per_pod_at_a_time() {
+        let b = Busy::default();
+        let g = b.try_take("u1").unwrap();
+        assert!(b.try_take("u1").is_none());
+        assert!(b.try_take("u2").is_some());
+        assert!(b.is_busy("u1"));
+        drop(g);
+        assert!(!b.is_busy("u1"));
+        assert!(b.try_take("u1").is_some());
+    }
+}

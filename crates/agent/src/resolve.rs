@@ -1,0 +1,326 @@
+//! Which runc containers belong to which pod, from runc's own state files
+//! (`<root>/<id>/state.json`, whose `config.labels` keep `bundle=<dir>` and every OCI annotation
+//! as `key=value`) and containerd's CRI annotations. No CRI gRPC, no fork of runc per container.
+//!
+//! Annotation names as in `crates/runtime`'s `bundle` module (containerd 1.7/2.x
+//! `io.kubernetes.cri.*`, with the kubelet's `io.kubernetes.pod.*` / CRI-O's names as
+//! fallbacks).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use stasis_node_api::PodRef;
+
+use crate::error::{AgentError, Result};
+
+pub const CONTAINER_TYPE: &[&str] = &[
+    "io.kubernetes.cri.container-type",
+    "io.kubernetes.cri-o.ContainerType",
+];
+pub const POD_UID: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
+pub const POD_NAMESPACE: &[&str] = &[
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
+pub const POD_NAME: &[&str] = &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
+pub const CONTAINER_NAME: &[&str] = &[
+    "io.kubernetes.cri.container-name",
+    "io.kubernetes.container.name",
+];
+
+/// What runc's state file says about one container (the fields the agent uses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuncContainer {
+    pub id: String,
+    pub init_pid: i32,
+    /// RFC 3339 creation time, as runc wrote it.
+    pub created: String,
+    pub bundle: Option<PathBuf>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The kind of a container, from its annotations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Sandbox,
+    App(PodRef),
+    /// No CRI annotations: a container known by its id only.
+    Plain,
+}
+
+fn first<'a>(a: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+    keys.iter().find_map(|k| a.get(*k)).map(String::as_str)
+}
+
+impl RuncContainer {
+    pub fn kind(&self) -> Kind {
+        let a = &self.annotations;
+        match first(a, CONTAINER_TYPE) {
+            Some("sandbox") => Kind::Sandbox,
+            Some(_) => Kind::App(PodRef {
+                pod_uid: first(a, POD_UID).unwrap_or_default().to_owned(),
+                pod_namespace: first(a, POD_NAMESPACE).unwrap_or_default().to_owned(),
+                pod_name: first(a, POD_NAME).unwrap_or_default().to_owned(),
+                container_name: first(a, CONTAINER_NAME).unwrap_or_default().to_owned(),
+            }),
+            None => Kind::Plain,
+        }
+    }
+
+    pub fn pod(&self) -> Option<PodRef> {
+        match self.kind() {
+            Kind::App(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// Parses runc's `state.json`.
+pub fn parse_state(raw: &[u8]) -> Option<RuncContainer> {
+    #[derive(Deserialize)]
+    struct State {
+        id: String,
+        #[serde(default)]
+        init_process_pid: i32,
+        #[serde(default)]
+        created: String,
+        config: StateConfig,
+    }
+    #[derive(Deserialize)]
+    struct StateConfig {
+        #[serde(default)]
+        labels: Vec<String>,
+    }
+    let s: State = serde_json::from_slice(raw).ok()?;
+    let mut annotations = BTreeMap::new();
+    let mut bundle = None;
+    for l in &s.config.labels {
+        if let Some((k, v)) = l.split_once('=') {
+            if k == "bundle" {
+                bundle = Some(PathBuf::from(v));
+            } else {
+                annotations.insert(k.to_owned(), v.to_owned());
+            }
+        }
+    }
+    Some(RuncContainer {
+        id: s.id,
+        init_pid: s.init_process_pid,
+        created: s.created,
+        bundle,
+        annotations,
+    })
+}
+
+/// Every container in a runc root (unreadable entries are skipped).
+pub fn list(root: &Path) -> Vec<RuncContainer> {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| std::fs::read(e.path().join("state.json")).ok())
+        .filter_map(|raw| parse_state(&raw))
+        .collect()
+}
+
+/// One container by id.
+pub fn by_id(root: &Path, id: &str) -> Option<RuncContainer> {
+    if id.is_empty() || id.contains('/') || id.starts_with('.') {
+        return None;
+    }
+    parse_state(&std::fs::read(root.join(id).join("state.json")).ok()?)
+}
+
+fn alive(pid: i32) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The app containers of a pod, newest first, living ones only (a container restarted in place
+/// may leave its dead predecessor in the root until the shim deletes it).
+pub fn pod_containers(all: &[RuncContainer], pod_uid: &str) -> Vec<RuncContainer> {
+    let mut v: Vec<RuncContainer> = all
+        .iter()
+        .filter(|c| matches!(c.kind(), Kind::App(p) if p.pod_uid == pod_uid))
+        .filter(|c| alive(c.init_pid))
+        .cloned()
+        .collect();
+    v.sort_by(|a, b| b.created.cmp(&a.created));
+    v
+}
+
+/// The one app container of a pod to checkpoint: the named one, else the only one (pods with
+/// several distinct app containers are refused in round 1).
+pub fn app_container(
+    all: &[RuncContainer],
+    root: &Path,
+    pod_uid: &str,
+    container_name: Option<&str>,
+) -> Result<RuncContainer> {
+    let cs = pod_containers(all, pod_uid);
+    let name_of = |c: &RuncContainer| c.pod().map(|p| p.container_name).unwrap_or_default();
+    if let Some(n) = container_name.filter(|n| !n.is_empty()) {
+        return cs
+            .into_iter()
+            .find(|c| name_of(c) == n)
+            .ok_or_else(|| AgentError::NoContainer {
+                pod_uid: pod_uid.into(),
+                root: root.into(),
+            });
+    }
+    let mut names: Vec<String> = cs.iter().map(name_of).collect();
+    names.sort();
+    names.dedup();
+    match names.len() {
+        0 => Err(AgentError::NoContainer {
+            pod_uid: pod_uid.into(),
+            root: root.into(),
+        }),
+        1 => Ok(cs.into_iter().next().expect("one")),
+        n => Err(AgentError::ManyContainers {
+            pod_uid: pod_uid.into(),
+            count: n,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(id: &str, pid: i32, created: &str, labels: &[&str]) -> Vec<u8> {
+        serde_json::json!({
+            "id": id, "init_process_pid": pid, "created": created,
+            "config": {"rootfs": "/x", "labels": labels}
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn app(id: &str, uid: &str, name: &str, created: &str) -> RuncContainer {
+        let me = std::process::id() as i32;
+        parse_state(&state(
+            id,
+            me,
+            created,
+            &[
+                "bundle=/run/containerd/io.containerd.runtime.v2.task/k8s.io/x",
+                "io.kubernetes.cri.container-type=container",
+                &format!("io.kubernetes.cri.sandbox-uid={uid}"),
+                "io.kubernetes.cri.sandbox-namespace=default",
+                "io.kubernetes.cri.sandbox-name=counter-0",
+                &format!("io.kubernetes.cri.container-name={name}"),
+            ],
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn parses_runc_state_labels() {
+        let c = app("c1", "u1", "counter", "2026-11-29T09:00:00.1Z");
+        assert_eq!(c.id, "c1");
+        assert_eq!(
+            c.bundle.as_deref(),
+            Some(Path::new(
+                "/run/containerd/io.containerd.runtime.v2.task/k8s.io/x"
+            ))
+        );
+        assert_eq!(
+            c.kind(),
+            Kind::App(PodRef {
+                pod_uid: "u1".into(),
+                pod_namespace: "default".into(),
+                pod_name: "counter-0".into(),
+                container_name: "counter".into()
+            })
+        );
+        let s = parse_state(&state(
+            "s",
+            1,
+            "",
+            &["io.kubernetes.cri.container-type=sandbox"],
+        ))
+        .unwrap();
+        assert_eq!(s.kind(), Kind::Sandbox);
+        let p = parse_state(&state("p", 1, "", &["bundle=/b"])).unwrap();
+        assert_eq!(p.kind(), Kind::Plain);
+        // kubelet/CRI-O fallbacks.
+        let k = parse_state(&state(
+            "k",
+            1,
+            "",
+            &[
+                "io.kubernetes.cri-o.ContainerType=container",
+                "io.kubernetes.pod.uid=u9",
+                "io.kubernetes.container.name=app",
+            ],
+        ))
+        .unwrap();
+        assert_eq!(k.pod().unwrap().pod_uid, "u9");
+        assert_eq!(k.pod().unwrap().container_name, "app");
+        assert!(parse_state(b"{}").is_none());
+    }
+
+    #[test]
+    fn picks_the_pods_app_container() {
+        let all = vec![
+            app("old", "u1", "counter", "2026-11-29T09:00:00Z"),
+            app("new", "u1", "counter", "2026-11-29T09:05:00Z"),
+            app("other", "u2", "counter", "2026-11-29T09:05:00Z"),
+            parse_state(&state(
+                "sb",
+                std::process::id() as i32,
+                "",
+                &[
+                    "io.kubernetes.cri.container-type=sandbox",
+                    "io.kubernetes.cri.sandbox-uid=u1",
+                ],
+            ))
+            .unwrap(),
+        ];
+        let root = Path::new("/r");
+        assert_eq!(app_container(&all, root, "u1", None).unwrap().id, "new");
+        assert_eq!(
+            app_container(&all, root, "u1", Some("counter")).unwrap().id,
+            "new"
+        );
+        assert!(matches!(
+            app_container(&all, root, "u1", Some("sidecar")),
+            Err(AgentError::NoContainer { .. })
+        ));
+        assert!(matches!(
+            app_container(&all, root, "u3", None),
+            Err(AgentError::NoContainer { .. })
+        ));
+        let mut two = all.clone();
+        two.push(app("side", "u1", "sidecar", "2026-11-29T09:06:00Z"));
+        assert!(matches!(
+            app_container(&two, root, "u1", None),
+            Err(AgentError::ManyContainers { count: 2, .. })
+        ));
+        // Dead containers are ignored.
+        let mut dead = app("dead", "u4", "c", "2026-11-29T09:00:00Z");
+        dead.init_pid = i32::MAX - 1;
+        assert!(pod_containers(&[dead], "u4").is_empty());
+    }
+
+    #[test]
+    fn lists_a_root_directory() {
+        let t = tempfile::tempdir().unwrap();
+        for id in ["a", "b"] {
+            std::fs::create_dir(t.path().join(id)).unwrap();
+            std::fs::write(
+                t.path().join(id).join("state.json"),
+                state(id, 1, "", &["bundle=/b"]),
+            )
+            .unwrap();
+        }
+        std::fs::create_dir(t.path().join("junk")).unwrap();
+        let mut ids: Vec<String> = list(t.path()).into_iter().map(|c| c.id).collect();
+        ids.sort();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(by_id(t.path(), "a").unwrap().id, "a");
+        assert!(by_id(t.path(), "../a").is_none());
+        assert!(list(&t.path().join("absent")).is_empty());
+    }
+}

@@ -1,0 +1,175 @@
+//! Wiring: the store, keys, executor, node-api server, metrics endpoint and (unless standalone)
+//! the Kubernetes side; runs until SIGTERM/SIGINT, then removes the node-ready label.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stasis_store::{Key, Store};
+use tracing::{info, warn};
+
+use crate::error::{AgentError, Result};
+use crate::executor::{Executor, ExecutorConfig, KeySource, StaticKey};
+use crate::keys::ClusterKey;
+use crate::metrics::Metrics;
+use crate::node::{Agent, Busy, Standalone};
+
+/// Everything the agent is configured with (the binary fills it from flags and environment).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_name: String,
+    pub namespace: String,
+    pub store: String,
+    pub cluster_key_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub runc_root: PathBuf,
+    pub socket: PathBuf,
+    pub plans_dir: PathBuf,
+    pub images_dir: PathBuf,
+    pub work_dir: PathBuf,
+    pub metrics_addr: Option<SocketAddr>,
+    pub runtime_binary: PathBuf,
+    pub containerd_configs: Vec<PathBuf>,
+    pub check_interval: Duration,
+    pub plan_ttl: Duration,
+    pub tcp_established: bool,
+    pub standalone: bool,
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}
+
+/// Runs the agent on `rt` until a termination signal.
+pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let store = Arc::new(Store::open(&cfg.store)?);
+    let client = if cfg.standalone {
+        None
+    } else {
+        Some(
+            rt.block_on(kube::Client::try_default())
+                .map_err(|e| AgentError::Kube(format!("no Kubernetes client: {e}")))?,
+        )
+    };
+    let keys: Arc<dyn KeySource> = match (&cfg.key_file, &cfg.cluster_key_file, &client) {
+        (Some(k), _, _) => Arc::new(StaticKey(Key::load(k)?)),
+        (None, Some(ck), Some(client)) => {
+            let raw = std::fs::read(ck).map_err(AgentError::io(ck))?;
+            Arc::new(crate::kube::SecretKeys::new(
+                client.clone(),
+                rt.handle().clone(),
+                cfg.namespace.clone(),
+                Arc::new(ClusterKey::from_bytes(&raw)?),
+            ))
+        }
+        _ => {
+            return Err(AgentError::Invalid(
+                "no key: give --key-file, or --cluster-key with Kubernetes".into(),
+            ))
+        }
+    };
+    let exec = Arc::new(Executor::new(
+        ExecutorConfig {
+            runc_root: cfg.runc_root.clone(),
+            work_dir: cfg.work_dir.clone(),
+            images_dir: cfg.images_dir.clone(),
+            plans_dir: cfg.plans_dir.clone(),
+            node_name: cfg.node_name.clone(),
+            plan_ttl: cfg.plan_ttl,
+            tcp_established: cfg.tcp_established,
+        },
+        store,
+        keys,
+        rt.handle().clone(),
+        metrics.clone(),
+    ));
+    crate::executor::private_dir(&cfg.images_dir)?;
+    crate::executor::private_dir(&cfg.plans_dir)?;
+
+    if let Some(addr) = cfg.metrics_addr {
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(AgentError::io(addr.to_string()))?;
+        rt.spawn(crate::http::serve(listener, metrics.clone()));
+        info!(%addr, "serving /metrics and /healthz");
+    }
+
+    let busy = Arc::new(Busy::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let settings = crate::kube::KubeSettings {
+        node: cfg.node_name.clone(),
+        namespace: cfg.namespace.clone(),
+        containerd_configs: cfg.containerd_configs.clone(),
+        runtime_binary: cfg.runtime_binary.clone(),
+        check_interval: cfg.check_interval,
+    };
+    let (agent, label_thread) = match &client {
+        None => (
+            Arc::new(Agent {
+                exec: exec.clone(),
+                cluster: Arc::new(Standalone),
+                busy,
+            }),
+            None,
+        ),
+        Some(client) => {
+            let running = rt.block_on(crate::kube::start(
+                client.clone(),
+                settings.clone(),
+                exec.clone(),
+                busy.clone(),
+            ))?;
+            let t = crate::kube::label_loop(&running, settings.clone(), stop.clone());
+            (
+                Arc::new(Agent {
+                    exec: exec.clone(),
+                    cluster: running.cluster.clone(),
+                    busy,
+                }),
+                Some(t),
+            )
+        }
+    };
+
+    let listener =
+        stasis_node_api::server::bind(&cfg.socket).map_err(AgentError::io(&cfg.socket))?;
+    let server = crate::server::serve(listener, agent, stop.clone());
+    info!(socket = %cfg.socket.display(), node = %cfg.node_name, store = %cfg.store, "stasisd running");
+
+    rt.block_on(shutdown_signal());
+    info!("stopping");
+    stop.store(true, Ordering::SeqCst);
+    crate::server::wake(&cfg.socket);
+    let _ = server.join();
+    let _ = std::fs::remove_file(&cfg.socket);
+    if let Some(t) = label_thread {
+        let _ = t.join();
+    }
+    if let Some(client) = &client {
+        let labels = std::collections::BTreeMap::from([(
+            crate::checks::READY_LABEL.to_owned(),
+            None::<String>,
+        )]);
+        match rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                crate::kube::patch_node_labels(client, &cfg.node_name, &labels),
+            )
+            .await
+        }) {
+            Ok(Ok(())) => info!("removed {} from the node", crate::checks::READY_LABEL),
+            Ok(Err(e)) => warn!(error = %e, "cannot remove the ready label"),
+            Err(_) => warn!("timed out removing the ready label"),
+        }
+    }
+    Ok(())
+}
