@@ -410,3 +410,160 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Mounts an overlay at `<bundle>/rootfs` over a copy of the image rootfs, as containerd's
+/// snapshotter does; unmounted on drop.
+struct Overlay {
+    merged: std::path::PathBuf,
+}
+
+impl Overlay {
+    fn over(bundle: &std::path::Path) -> Self {
+        let merged = bundle.join("rootfs");
+        let lower = bundle.join("lower");
+        std::fs::rename(&merged, &lower).unwrap();
+        // The "image" also has a directory with content, to be replaced by an opaque one.
+        std::fs::create_dir_all(lower.join("olddir")).unwrap();
+        std::fs::write(lower.join("olddir/old-file"), "from the image").unwrap();
+        for d in ["rootfs", "upper", "work"] {
+            std::fs::create_dir(bundle.join(d)).unwrap();
+        }
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            bundle.join("upper").display(),
+            bundle.join("work").display()
+        );
+        let st = std::process::Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(&merged)
+            .status()
+            .unwrap();
+        assert!(st.success(), "cannot mount an overlay");
+        Self { merged }
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.merged)
+            .status();
+    }
+}
+
+fn xattr(path: &std::path::Path, name: &str) -> Option<String> {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode())",
+        ])
+        .arg(path)
+        .arg(name)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[test]
+fn overlay_rootfs_changes_are_restored_with_whiteouts_modes_owners_and_xattrs() {
+    if !ready("overlay_rootfs_changes_are_restored_with_whiteouts_modes_owners_and_xattrs") {
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut w = World::new();
+    // The container runs on an overlay rootfs.
+    let bundle = w.bundle("bundle-ov-a", &["STATE_MB=8"]);
+    let ov_a = Overlay::over(&bundle);
+    let c = w.start_bundle("ov-a", &bundle);
+    c.wait_count(&w, 2);
+    let root = &ov_a.merged;
+    // Changes, made through the merged view (what the container would see):
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    let new = root.join("data/new.txt");
+    std::fs::write(&new, "written by the workload").unwrap();
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::chown(&new, Some(1234), Some(2345)).unwrap();
+    let st = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; os.setxattr(sys.argv[1], 'user.stasis', b'kept')",
+        ])
+        .arg(&new)
+        .status()
+        .unwrap();
+    assert!(st.success(), "setxattr failed");
+    std::fs::remove_file(root.join("etc/passwd")).unwrap(); // a whiteout in the upper dir
+    std::fs::remove_dir_all(root.join("olddir")).unwrap(); // an opaque directory, recreated:
+    std::fs::create_dir(root.join("olddir")).unwrap();
+    std::fs::write(root.join("olddir/only-this"), "x").unwrap();
+
+    checkpoint(&w, "ov-a", &["--stop"]).expect_ok("checkpoint --stop of an overlay container");
+    w.kill("ov-a");
+    let m = w
+        .stasis(&["inspect", "counter/latest", "-o", "json"])
+        .json();
+    assert_eq!(m["rootfs"]["method"], "overlay_upper", "{}", m["rootfs"]);
+    assert!(
+        m["rootfs"]["deleted"].as_u64().unwrap() >= 1,
+        "no whiteout captured: {}",
+        m["rootfs"]
+    );
+    drop(ov_a);
+
+    // Restore into a fresh overlay bundle made from the same image.
+    let bundle_b = w.bundle("bundle-ov-b", &["STATE_MB=8"]);
+    let ov_b = Overlay::over(&bundle_b);
+    let log = w.path("ov-b.log");
+    let run = w.stasis(&[
+        "restore",
+        "counter/latest",
+        "--bundle",
+        bundle_b.to_str().unwrap(),
+        "--container-id",
+        "ov-b",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    run.expect_ok("restore into an overlay bundle");
+    let r = Container {
+        id: "ov-b".into(),
+        log,
+        bundle: bundle_b.clone(),
+    };
+    r.wait_count(&w, 2);
+    assert!(!r.corrupt());
+    let root = &ov_b.merged;
+    let new = root.join("data/new.txt");
+    assert_eq!(
+        std::fs::read_to_string(&new).unwrap(),
+        "written by the workload"
+    );
+    let md = std::fs::metadata(&new).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o640, "mode not kept");
+    assert_eq!((md.uid(), md.gid()), (1234, 2345), "owner not kept");
+    assert_eq!(
+        xattr(&new, "user.stasis").as_deref(),
+        Some("kept"),
+        "xattr not kept"
+    );
+    assert!(
+        !root.join("etc/passwd").exists(),
+        "a deleted file came back"
+    );
+    let entries: Vec<_> = std::fs::read_dir(root.join("olddir"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        entries,
+        vec![std::ffi::OsString::from("only-this")],
+        "opaque directory not honoured"
+    );
+    w.kill("ov-b");
+    drop(ov_b);
+}

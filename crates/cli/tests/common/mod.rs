@@ -115,6 +115,12 @@ impl World {
     /// Starts a counter container; its stdout is read by a thread into `<id>.log`.
     pub fn start(&mut self, id: &str, env: &[&str]) -> Container {
         let bundle = self.bundle(&format!("bundle-{id}"), env);
+        self.start_bundle(id, &bundle)
+    }
+
+    /// Starts a container from an existing bundle.
+    pub fn start_bundle(&mut self, id: &str, bundle: &Path) -> Container {
+        let bundle = bundle.to_path_buf();
         let log = self.path(&format!("{id}.log"));
         let mut child = Command::new("runc")
             .arg("--root")
