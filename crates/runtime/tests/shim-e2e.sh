@@ -120,7 +120,9 @@ run c2 "$T/c2.log"
 wait_lines "$T/c2.log" 3
 FIRST=$(counts "$T/c2.log" | head -1)
 say "c1 checkpointed at count=$LAST; c2's first count=$FIRST"
-((FIRST > LAST && FIRST <= LAST + 3)) || fail "c2 starts at $FIRST after a checkpoint at $LAST"
+# A line still in the pipe at the dump is in CRIU's image of the pipe and comes out again after
+# the restore, while the shim may also have read it from the old pipe: FIRST may equal LAST.
+((FIRST >= LAST && FIRST <= LAST + 3)) || fail "c2 starts at $FIRST after a checkpoint at $LAST"
 grep -q "state=CORRUPT" "$T/c2.log" && fail "c2's state is corrupt"
 [[ $(task_status c2) == RUNNING ]] || fail "c2 is $(task_status c2)"
 ANSWER=$(ask "$(task_pid c2)")
