@@ -36,7 +36,11 @@ pub fn record_name(lineage: &str) -> String {
 /// The lineage and generation a pod's annotations name, when both are present and valid.
 pub fn pod_lineage(annotations: &BTreeMap<String, String>) -> Option<(String, u64)> {
     let l = annotations.get(LINEAGE_ANNOTATION)?.trim();
-    let g = annotations.get(GENERATION_ANNOTATION)?.trim().parse().ok()?;
+    let g = annotations
+        .get(GENERATION_ANNOTATION)?
+        .trim()
+        .parse()
+        .ok()?;
     (!l.is_empty()).then(|| (l.to_owned(), g))
 }
 
