@@ -18,6 +18,7 @@ pub mod manifest;
 pub mod podspec;
 pub mod policy;
 pub mod reference;
+pub mod time;
 pub mod workload;
 
 pub use fingerprint::{

@@ -99,7 +99,7 @@ impl CheckpointId {
     /// Builds an id from a Unix time in milliseconds and 32 random bits (the caller supplies both:
     /// this crate does no I/O).
     pub fn from_parts(unix_millis: u64, random: u32) -> Self {
-        let (y, mo, d, h, mi, s) = civil_from_unix(unix_millis / 1000);
+        let (y, mo, d, h, mi, s) = crate::time::civil_from_unix((unix_millis / 1000) as i64);
         Self(format!(
             "{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}.{:03}Z-{random:08x}",
             unix_millis % 1000
@@ -211,29 +211,6 @@ impl fmt::Display for CheckpointRef {
             Selector::Id(id) => write!(f, "{}/{}", self.workload, id),
         }
     }
-}
-
-/// Days-from-civil inverse (Howard Hinnant's algorithm): Unix seconds to UTC date and time.
-fn civil_from_unix(secs: u64) -> (u64, u64, u64, u64, u64, u64) {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (
-        y as u64,
-        m as u64,
-        d as u64,
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-    )
 }
 
 #[cfg(test)]

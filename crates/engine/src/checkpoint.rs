@@ -79,7 +79,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
         WorkloadLock::acquire(&format!("container-{}-{}", req.runc.root.display(), req.id))?;
     let processes = proctree::tree(state.pid);
     // Unknown creation time: everything counts as changed (safe, only slower).
-    let started = rootfs::parse_rfc3339_nanos(&state.created).unwrap_or(0);
+    let started = stasis_core::time::parse_rfc3339_nanos(&state.created).unwrap_or(0);
     let image_digest = state.annotations.as_ref().and_then(|a| {
         IMAGE_DIGEST_ANNOTATIONS
             .iter()

@@ -364,88 +364,9 @@ fn scan_overlay_archive(diff: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), Eng
     Ok((whiteouts, opaque))
 }
 
-/// Parses runc's RFC 3339 `created` time into Unix nanoseconds.
-pub fn parse_rfc3339_nanos(s: &str) -> Option<i128> {
-    let secs = parse_rfc3339_utc(s)?;
-    let frac = s.get(19..).filter(|t| t.starts_with('.')).map_or("", |t| {
-        let digits = &t[1..];
-        &digits[..digits
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(digits.len())]
-    });
-    let mut nanos: i128 = 0;
-    for (i, d) in frac.bytes().take(9).enumerate() {
-        nanos += i128::from(d - b'0') * 10i128.pow(8 - i as u32);
-    }
-    Some(i128::from(secs) * 1_000_000_000 + nanos)
-}
-
-/// Parses runc's RFC 3339 `created` time (UTC, `Z`) into Unix seconds.
-pub fn parse_rfc3339_utc(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 20 {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    // Offset: `Z`, or `+hh:mm` / `-hh:mm` after optional fractional seconds.
-    let tail = &s[19..];
-    let tz = tail.trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
-    let offset = match tz {
-        "Z" | "z" => 0,
-        t if t.len() == 6 => {
-            let sign = if t.starts_with('-') { -1 } else { 1 };
-            sign * (t[1..3].parse::<i64>().ok()? * 3600 + t[4..6].parse::<i64>().ok()? * 60)
-        }
-        _ => return None,
-    };
-    let (yy, mm) = if mo <= 2 {
-        (y - 1, mo + 9)
-    } else {
-        (y, mo - 3)
-    };
-    let era = yy.div_euclid(400);
-    let yoe = yy - era * 400;
-    let doy = (153 * mm + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + h * 3600 + mi * 60 + sec - offset)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn runc_created_times_with_nanoseconds() {
-        assert_eq!(
-            parse_rfc3339_nanos("1970-01-01T00:00:01.5Z"),
-            Some(1_500_000_000)
-        );
-        assert_eq!(
-            parse_rfc3339_nanos("1970-01-01T00:00:01.123456789Z"),
-            Some(1_123_456_789)
-        );
-        assert_eq!(
-            parse_rfc3339_nanos("1970-01-01T00:00:02Z"),
-            Some(2_000_000_000)
-        );
-    }
-
-    #[test]
-    fn runc_created_times() {
-        assert_eq!(parse_rfc3339_utc("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(
-            parse_rfc3339_utc("2026-11-18T11:06:40.123456789Z"),
-            Some(1_795_000_000)
-        );
-        assert_eq!(
-            parse_rfc3339_utc("2026-11-18T12:06:40+01:00"),
-            Some(1_795_000_000)
-        );
-        assert_eq!(parse_rfc3339_utc("yesterday"), None);
-    }
 
     #[test]
     fn overlay_is_detected_from_mountinfo() {
