@@ -37,9 +37,21 @@ pub fn workload_identity(pod: &Pod) -> Result<WorkloadIdentity, IdentityError> {
     WorkloadIdentity::of(&pod_facts(pod))
 }
 
-/// The normalised spec hash of a pod (`None` when it has no spec).
+/// Name of the init container stasis's webhook injects into a restoring pod (it waits for the
+/// node's agent to prepare the archive). Left out of the spec hash: a restored pod carries it,
+/// its own replacement's spec does not (yet), and both must hash alike.
+pub const RESTORE_WAIT_CONTAINER: &str = "stasis-restore-wait";
+
+/// The normalised spec hash of a pod (`None` when it has no spec), leaving out the injected
+/// [`RESTORE_WAIT_CONTAINER`].
 pub fn spec_hash(pod: &Pod) -> Option<SpecHash> {
-    let spec = serde_json::to_value(pod.spec.as_ref()?).ok()?;
+    let mut spec = serde_json::to_value(pod.spec.as_ref()?).ok()?;
+    if let Some(inits) = spec
+        .get_mut("initContainers")
+        .and_then(|v| v.as_array_mut())
+    {
+        inits.retain(|c| c.get("name").and_then(|n| n.as_str()) != Some(RESTORE_WAIT_CONTAINER));
+    }
     Some(podspec::spec_hash(&spec))
 }
 
@@ -192,6 +204,19 @@ mod tests {
         let mut c = deployment_pod("w1", "kube-api-access-aaaaa");
         c.spec.as_mut().unwrap().containers[0].image = Some("other".into());
         assert_ne!(spec_hash(&c).unwrap(), a);
+    }
+
+    #[test]
+    fn spec_hash_ignores_the_injected_wait_container() {
+        let a = spec_hash(&deployment_pod("w1", "kube-api-access-aaaaa")).unwrap();
+        let mut b = deployment_pod("w1", "kube-api-access-aaaaa");
+        b.spec.as_mut().unwrap().init_containers = Some(vec![serde_json::from_value(
+            json!({"name": RESTORE_WAIT_CONTAINER, "image": "stasis-controller:dev"}),
+        )
+        .unwrap()]);
+        assert_eq!(spec_hash(&b).unwrap(), a);
+        b.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].name = "other".into();
+        assert_ne!(spec_hash(&b).unwrap(), a);
     }
 
     #[test]

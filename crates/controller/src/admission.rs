@@ -1,0 +1,372 @@
+//! The webhook's pure parts: who is asking, and the JSONPatch that records a decision in the
+//! pod and, for a restore, makes the pod wait for its archive outside the CRI call path
+//! (docs/design.md §13.3).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, EnvVar, EnvVarSource, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, ResourceRequirements,
+    SeccompProfile, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::{json, Value};
+use stasis_core::decision::Requester;
+
+use crate::keys::WAIT_CONTAINER;
+
+/// The kind of the pod's controlling owner, if any.
+pub fn controller_kind(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.kind.as_str())
+}
+
+/// Classifies the requester without a SubjectAccessReview: `Some` when the answer does not
+/// depend on one (the workload's own controller), `None` when the restore permission must be
+/// asked for (then [`Requester::classify`] with the answer).
+pub fn requester_without_review(user: &str, pod: &Pod) -> Option<Requester> {
+    match Requester::classify(user, controller_kind(pod), false) {
+        Requester::WorkloadController => Some(Requester::WorkloadController),
+        Requester::Direct { .. } => None,
+    }
+}
+
+/// How the injected wait container is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitConfig {
+    /// Image holding `stasis-controller` (its entrypoint).
+    pub image: String,
+    /// Base URL of the controller's status endpoint (its Service, plain HTTP: the answer is a
+    /// phase, nothing secret), e.g. `http://stasis-controller.stasis-system.svc:8080`.
+    pub status_url: String,
+    /// Longest wait; then the pod starts cold.
+    pub timeout_seconds: u64,
+}
+
+/// The init container that waits until the restore is ready on the node (the `PodRestore`'s
+/// phase, which the node's agent sets), failed, or past the timeout: then a cold start. It
+/// needs no API credentials, no host path and no privileges: it asks the controller's status
+/// endpoint (`GET <status_url>/v1/restores/<namespace>/<pod>`), naming itself through the
+/// downward API.
+pub fn wait_container(cfg: &WaitConfig) -> Container {
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            field_path: path.to_owned(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let env = |name: &str, from: Option<EnvVarSource>, value: Option<String>| EnvVar {
+        name: name.to_owned(),
+        value,
+        value_from: from,
+    };
+    let q = |s: &str| Quantity(s.to_owned());
+    Container {
+        name: WAIT_CONTAINER.to_owned(),
+        image: Some(cfg.image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        args: Some(vec![
+            "wait-restore".to_owned(),
+            "--timeout-seconds".to_owned(),
+            cfg.timeout_seconds.to_string(),
+        ]),
+        env: Some(vec![
+            env("STASIS_POD_NAME", Some(field("metadata.name")), None),
+            env(
+                "STASIS_POD_NAMESPACE",
+                Some(field("metadata.namespace")),
+                None,
+            ),
+            env("STASIS_STATUS_URL", None, Some(cfg.status_url.clone())),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), q("10m")),
+                ("memory".to_owned(), q("16Mi")),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_owned(), q("64Mi"))])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod's affinity with `requirements` added to its required node affinity: appended to
+/// every existing term (terms are ORed, expressions within one ANDed), or one new term.
+pub fn with_node_requirements(
+    existing: Option<&Affinity>,
+    requirements: &[(String, Vec<String>)],
+) -> Affinity {
+    let exprs: Vec<NodeSelectorRequirement> = requirements
+        .iter()
+        .map(|(k, v)| NodeSelectorRequirement {
+            key: k.clone(),
+            operator: "In".to_owned(),
+            values: Some(v.clone()),
+        })
+        .collect();
+    let mut affinity = existing.cloned().unwrap_or_default();
+    let node = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
+    let required = node
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: Vec::new(),
+        });
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_expressions
+            .get_or_insert_with(Vec::new)
+            .extend(exprs.iter().cloned());
+    }
+    affinity
+}
+
+/// What the webhook does to a pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Mutation {
+    /// Annotations to set (the decision, the lineage, the claim token).
+    pub annotations: BTreeMap<String, String>,
+    /// Labels to set (the claim token, so the pod is found by it).
+    pub labels: BTreeMap<String, String>,
+    /// For a restore: node requirements and the wait container.
+    pub restore: Option<RestoreMutation>,
+}
+
+/// The restore part of a [`Mutation`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestoreMutation {
+    /// Node labels the target node must have (`key In values`).
+    pub node_requirements: Vec<(String, Vec<String>)>,
+    pub wait: WaitConfig,
+}
+
+/// RFC 6901 escaping of one path segment.
+fn escape(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+fn add(path: String, value: Value) -> Value {
+    json!({"op": "add", "path": path, "value": value})
+}
+
+fn map_ops(ops: &mut Vec<Value>, present: bool, base: &str, entries: &BTreeMap<String, String>) {
+    if entries.is_empty() {
+        return;
+    }
+    if present {
+        for (k, v) in entries {
+            ops.push(add(format!("{base}/{}", escape(k)), json!(v)));
+        }
+    } else {
+        ops.push(add(base.to_owned(), json!(entries)));
+    }
+}
+
+/// The JSONPatch (RFC 6902) for `mutation` on `pod`, as JSON: `add` operations only (an `add`
+/// on an existing member replaces it), so the patch applies to exactly the pod it was built
+/// from.
+pub fn patch(pod: &Pod, mutation: &Mutation) -> Value {
+    let mut ops = Vec::new();
+    map_ops(
+        &mut ops,
+        pod.metadata.annotations.is_some(),
+        "/metadata/annotations",
+        &mutation.annotations,
+    );
+    map_ops(
+        &mut ops,
+        pod.metadata.labels.is_some(),
+        "/metadata/labels",
+        &mutation.labels,
+    );
+    if let Some(r) = &mutation.restore {
+        let spec = pod.spec.as_ref();
+        let affinity =
+            with_node_requirements(spec.and_then(|s| s.affinity.as_ref()), &r.node_requirements);
+        ops.push(add("/spec/affinity".into(), json!(affinity)));
+        let wait = json!(wait_container(&r.wait));
+        let has_inits = spec
+            .and_then(|s| s.init_containers.as_ref())
+            .is_some_and(|c| !c.is_empty());
+        let already = spec
+            .and_then(|s| s.init_containers.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.name == WAIT_CONTAINER));
+        if already {
+            // A pod copied from a restored one: leave its wait container alone.
+        } else if has_inits {
+            // First, so the archive is being prepared while nothing of the workload has run.
+            ops.push(add("/spec/initContainers/0".into(), wait));
+        } else {
+            ops.push(add("/spec/initContainers".into(), json!([wait])));
+        }
+    }
+    Value::Array(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn apply(doc: &Value, p: &Value) -> Value {
+        let mut doc = doc.clone();
+        let p: json_patch::Patch = serde_json::from_value(p.clone()).unwrap();
+        json_patch::patch(&mut doc, &p).unwrap();
+        doc
+    }
+
+    fn wait_cfg() -> WaitConfig {
+        WaitConfig {
+            image: "stasis-controller:dev".into(),
+            status_url: "http://stasis-controller.stasis-system.svc:8080".into(),
+            timeout_seconds: 180,
+        }
+    }
+
+    #[test]
+    fn requesters() {
+        let rs_pod = pod(json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "c-1", "uid": "u", "controller": true}
+        ]}, "spec": {"containers": []}}));
+        assert_eq!(
+            requester_without_review(
+                "system:serviceaccount:kube-system:replicaset-controller",
+                &rs_pod
+            ),
+            Some(Requester::WorkloadController)
+        );
+        // The wrong controller for the owner kind, a person, an operator: ask.
+        assert_eq!(
+            requester_without_review("system:serviceaccount:kube-system:job-controller", &rs_pod),
+            None
+        );
+        assert_eq!(requester_without_review("alice", &rs_pod), None);
+        let bare = pod(json!({"spec": {"containers": []}}));
+        assert_eq!(
+            requester_without_review("system:kube-controller-manager", &bare),
+            None
+        );
+    }
+
+    #[test]
+    fn cold_start_patch_only_annotates_and_labels() {
+        let p = pod(
+            json!({"metadata": {"generateName": "c-", "labels": {"app": "c"}}, "spec": {"containers": [{"name": "c"}]}}),
+        );
+        let m = Mutation {
+            annotations: BTreeMap::from([("stasis.dev/decision".into(), "ColdStart".into())]),
+            labels: BTreeMap::from([("stasis.dev/claim-token".into(), "abc".into())]),
+            restore: None,
+        };
+        let ops = patch(&p, &m);
+        assert_eq!(
+            ops,
+            json!([
+                {"op": "add", "path": "/metadata/annotations", "value": {"stasis.dev/decision": "ColdStart"}},
+                {"op": "add", "path": "/metadata/labels/stasis.dev~1claim-token", "value": "abc"}
+            ])
+        );
+        let out = apply(&serde_json::to_value(&p).unwrap(), &ops);
+        assert_eq!(out["metadata"]["labels"]["app"], "c");
+        assert_eq!(out["metadata"]["labels"]["stasis.dev/claim-token"], "abc");
+    }
+
+    #[test]
+    fn restore_patch_adds_affinity_and_wait_container_first() {
+        let p = pod(json!({
+            "metadata": {"annotations": {"a": "b"}},
+            "spec": {
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                ]}}},
+                "initContainers": [{"name": "setup"}],
+                "containers": [{"name": "c"}]
+            }
+        }));
+        let m = Mutation {
+            annotations: BTreeMap::from([("stasis.dev/decision".into(), "Restore".into())]),
+            labels: BTreeMap::new(),
+            restore: Some(RestoreMutation {
+                node_requirements: vec![
+                    ("stasis.dev/ready".into(), vec!["true".into()]),
+                    ("kubernetes.io/arch".into(), vec!["amd64".into()]),
+                ],
+                wait: wait_cfg(),
+            }),
+        };
+        let out = apply(&serde_json::to_value(&p).unwrap(), &patch(&p, &m));
+        assert_eq!(out["metadata"]["annotations"]["a"], "b");
+        assert_eq!(
+            out["metadata"]["annotations"]["stasis.dev/decision"],
+            "Restore"
+        );
+        let terms = &out["spec"]["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        assert_eq!(terms[0]["matchExpressions"].as_array().unwrap().len(), 3);
+        assert_eq!(terms[1]["matchExpressions"][0]["key"], "stasis.dev/ready");
+        assert_eq!(terms[1]["matchFields"][0]["key"], "metadata.name");
+        assert_eq!(out["spec"]["initContainers"][0]["name"], WAIT_CONTAINER);
+        assert_eq!(out["spec"]["initContainers"][1]["name"], "setup");
+        let wait = &out["spec"]["initContainers"][0];
+        assert_eq!(wait["args"][0], "wait-restore");
+        assert_eq!(
+            wait["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.name"
+        );
+        assert_eq!(wait["env"][2]["name"], "STASIS_STATUS_URL");
+        assert_eq!(wait["securityContext"]["runAsNonRoot"], true);
+        // The result is still a valid Pod.
+        let back: Pod = serde_json::from_value(out).unwrap();
+        assert_eq!(back.spec.unwrap().init_containers.unwrap().len(), 2);
+    }
+
+    #[test]
+    fn restore_patch_on_a_bare_spec() {
+        let p = pod(json!({"spec": {"containers": [{"name": "c"}]}}));
+        let m = Mutation {
+            restore: Some(RestoreMutation {
+                node_requirements: vec![("stasis.dev/ready".into(), vec!["true".into()])],
+                wait: wait_cfg(),
+            }),
+            ..Default::default()
+        };
+        let out = apply(&serde_json::to_value(&p).unwrap(), &patch(&p, &m));
+        assert_eq!(
+            out["spec"]["affinity"]["nodeAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+                ["matchExpressions"][0]["values"][0],
+            "true"
+        );
+        assert_eq!(out["spec"]["initContainers"].as_array().unwrap().len(), 1);
+    }
+}

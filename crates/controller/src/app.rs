@@ -1,0 +1,228 @@
+//! Command line and wiring: the controller (leader-elected reconcilers), the webhook and the
+//! metrics server in one process; `wait-restore` for the injected init container.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+
+use crate::admission::WaitConfig;
+use crate::controller::{self, ControllerConfig, Setup};
+use crate::leader::{self, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::record::Records;
+use crate::server;
+use crate::wait::{self, WaitArgs};
+use crate::webhook::{Webhook, WebhookConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "stasis-controller",
+    version,
+    about = "stasis controller and admission webhook"
+)]
+pub struct Cli {
+    /// Log as JSON lines.
+    #[arg(long, env = "STASIS_LOG_JSON", global = true)]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the controller and the webhook (the default).
+    Run,
+    /// The init container of a restoring pod: wait until the node's agent has the archive.
+    WaitRestore(WaitRestoreArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Namespace stasis runs in (lineage records and the leader lease live there).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "stasis-system")]
+    pub namespace: String,
+    /// This replica's name (the lease holder identity, the Events' reporting instance).
+    #[arg(long, env = "POD_NAME", default_value = "stasis-controller")]
+    pub identity: String,
+    /// RuntimeClass of opted-in pods.
+    #[arg(long, env = "STASIS_RUNTIME_CLASS", default_value = "stasis")]
+    pub runtime_class: String,
+    /// `/metrics` and `/healthz`.
+    #[arg(long, env = "STASIS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// The webhook's HTTPS listener (`/mutate`).
+    #[arg(long, env = "STASIS_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
+    pub webhook_addr: SocketAddr,
+    /// PEM certificate chain of the webhook (the chart mounts it).
+    #[arg(
+        long,
+        env = "STASIS_TLS_CERT",
+        default_value = "/etc/stasis/webhook/tls.crt"
+    )]
+    pub tls_cert: PathBuf,
+    /// PEM private key of the webhook.
+    #[arg(
+        long,
+        env = "STASIS_TLS_KEY",
+        default_value = "/etc/stasis/webhook/tls.key"
+    )]
+    pub tls_key: PathBuf,
+    /// Serve the webhook over plain HTTP (tests only: the API server requires HTTPS).
+    #[arg(long)]
+    pub webhook_insecure_http: bool,
+    /// Do not serve the webhook.
+    #[arg(long)]
+    pub no_webhook: bool,
+    /// Image of the injected wait container (this binary is its entrypoint).
+    #[arg(
+        long,
+        env = "STASIS_WAIT_IMAGE",
+        default_value = "stasis.local/stasis-controller:dev"
+    )]
+    pub wait_image: String,
+    /// URL at which restoring pods reach this controller's status endpoint (`/v1/restores/...`
+    /// on the metrics port, through the controller's Service).
+    #[arg(
+        long,
+        env = "STASIS_STATUS_URL",
+        default_value = "http://stasis-controller.stasis-system.svc:8080"
+    )]
+    pub status_url: String,
+    /// Longest wait of a restoring pod for its archive before it starts cold (seconds).
+    #[arg(long, env = "STASIS_RESTORE_WAIT_SECONDS", default_value_t = 300)]
+    pub restore_wait_seconds: u64,
+    /// Longest wait of an admission for a source's in-flight final checkpoint (seconds; keep
+    /// under the webhook's timeoutSeconds).
+    #[arg(long, env = "STASIS_FINAL_WAIT_SECONDS", default_value_t = 20)]
+    pub final_wait_seconds: u64,
+    /// A claim whose pod never appeared is released after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub phantom_after_seconds: u64,
+    /// A pending or running checkpoint without progress for this long is marked failed.
+    #[arg(long, default_value_t = 900)]
+    pub checkpoint_timeout_seconds: u64,
+    /// Store URL for deleting manifests by retention (`s3://bucket/prefix`, `file:///dir`;
+    /// S3 credentials from the usual AWS_* variables). Without it only the CRs are deleted.
+    #[arg(long, env = "STASIS_STORE_URL")]
+    pub store_url: Option<String>,
+    /// Leader lease name.
+    #[arg(long, default_value = "stasis-controller")]
+    pub lease_name: String,
+    /// Lease duration (seconds).
+    #[arg(long, default_value_t = 15)]
+    pub lease_seconds: u64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WaitRestoreArgs {
+    #[arg(long, env = "STASIS_STATUS_URL")]
+    pub status_url: String,
+    #[arg(long, env = "STASIS_POD_NAMESPACE")]
+    pub namespace: String,
+    #[arg(long, env = "STASIS_POD_NAME")]
+    pub pod: String,
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
+    /// Give up when the controller stays unreachable this long.
+    #[arg(long, default_value_t = 30)]
+    pub unreachable_seconds: u64,
+}
+
+/// `wait-restore`: always succeeds (the pod starts either way).
+pub fn wait_restore(a: &WaitRestoreArgs) {
+    let why = wait::run(&WaitArgs {
+        url: a.status_url.clone(),
+        namespace: a.namespace.clone(),
+        pod: a.pod.clone(),
+        timeout: Duration::from_secs(a.timeout_seconds),
+        unreachable: Duration::from_secs(a.unreachable_seconds),
+    });
+    eprintln!("stasis-restore-wait: {why}");
+}
+
+/// Runs the webhook and metrics servers on every replica, and the reconcilers while this
+/// replica holds the lease. Returns when the reconcilers stop (signal) or leadership is lost.
+pub async fn run(a: RunArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await?;
+    let metrics = Metrics::default();
+    tokio::spawn(server::serve_metrics(
+        a.metrics_addr,
+        metrics.clone(),
+        client.clone(),
+    ));
+    if !a.no_webhook {
+        let tls = if a.webhook_insecure_http {
+            None
+        } else {
+            Some(server::tls_acceptor(&a.tls_cert, &a.tls_key).map_err(anyhow::Error::msg)?)
+        };
+        let hook = Arc::new(Webhook {
+            client: client.clone(),
+            records: Records::new(client.clone(), &a.namespace),
+            metrics: metrics.clone(),
+            cfg: WebhookConfig {
+                runtime_class: a.runtime_class.clone(),
+                wait: WaitConfig {
+                    image: a.wait_image.clone(),
+                    status_url: a.status_url.clone(),
+                    timeout_seconds: a.restore_wait_seconds,
+                },
+                final_wait: Duration::from_secs(a.final_wait_seconds),
+                phantom_after: Duration::from_secs(a.phantom_after_seconds),
+            },
+        });
+        let addr = a.webhook_addr;
+        tokio::spawn(async move {
+            if let Err(e) = server::serve_webhook(addr, tls, hook).await {
+                tracing::error!(error = %e, "webhook server");
+            }
+        });
+    }
+    let store = match &a.store_url {
+        Some(url) => Some(stasis_store::Store::open(url)?),
+        None => None,
+    };
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &a.namespace);
+    let lease = LeaseConfig {
+        namespace: a.namespace.clone(),
+        name: a.lease_name.clone(),
+        identity: a.identity.clone(),
+        duration: Duration::from_secs(a.lease_seconds),
+        renew_every: Duration::from_secs((a.lease_seconds / 3).max(1)),
+    };
+    tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the leader lease");
+    tokio::select! {
+        _ = leader::acquire(&leases, &lease) => {}
+        _ = tokio::signal::ctrl_c() => return Ok(()),
+    }
+    metrics.leader.set(1);
+    tracing::info!(identity = %lease.identity, "leading");
+    let setup = Setup {
+        client,
+        namespace: a.namespace.clone(),
+        identity: a.identity.clone(),
+        metrics: metrics.clone(),
+        cfg: ControllerConfig {
+            runtime_class: a.runtime_class.clone(),
+            in_flight_timeout: Duration::from_secs(a.checkpoint_timeout_seconds),
+            phantom_after: Duration::from_secs(a.phantom_after_seconds),
+            sweep_every: Duration::from_secs(15),
+        },
+        store,
+    };
+    tokio::select! {
+        r = controller::run(setup) => r?,
+        lost = leader::keep(&leases, &lease) => {
+            metrics.leader.set(0);
+            return Err(anyhow::anyhow!("{lost}: exiting so a new leader takes over"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,945 @@
+//! The reconcilers (leader only): pods (heartbeats, holders, decisions made at admission),
+//! `PodCheckpoint`s (publishing with fencing, retention, stuck checkpoints, final checkpoints),
+//! `PodRestore`s (the restore-loop guard), `CheckpointPolicy` status, and a sweep over the
+//! lineage records (docs/design.md §13).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use stasis_api::condition::{self, reason, set_condition};
+use stasis_api::lineage::{GENERATION_ANNOTATION, LINEAGE_ANNOTATION, RECORD_LABEL};
+use stasis_api::{
+    pod as podfacts, CheckpointPhase, CheckpointPolicy, CheckpointPolicyStatus, CheckpointReason,
+    PodCheckpoint, PodCheckpointSpec, PodCheckpointStatus, PodRestore, PodRestoreSpec,
+    PodRestoreStatus, RestorePhase,
+};
+use stasis_core::lineage::{retention, Lineage, LineageCheckpoint};
+use stasis_core::policy::parse_duration;
+use stasis_core::reference::{CheckpointId, CheckpointRef, WorkloadName};
+
+use crate::keys::*;
+use crate::metrics::Metrics;
+use crate::record::{refresh, Holder, Record, Records};
+use crate::schedule::{
+    eligible, heartbeat_name, jitter_ms, next_heartbeat, policy_for, CheckpointView,
+    HeartbeatInputs, Next,
+};
+use crate::webhook::{checkpoint_pod_uid, holder_state};
+use crate::{k8s_time, now_ms, time_ms, Error, Result};
+
+/// Field manager of the controller's writes.
+pub const MANAGER: &str = "stasis-controller";
+
+/// Settings of the reconcilers.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub runtime_class: String,
+    /// A pending/running checkpoint without progress for this long is marked failed.
+    pub in_flight_timeout: Duration,
+    /// A claim whose pod never appeared is released after this long.
+    pub phantom_after: Duration,
+    /// How often the lineage records are swept.
+    pub sweep_every: Duration,
+}
+
+/// Shared state of the reconcilers.
+pub struct Context {
+    pub client: Client,
+    pub records: Records,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub cfg: ControllerConfig,
+    pub policies: Store<CheckpointPolicy>,
+    pub checkpoints: Store<PodCheckpoint>,
+    pub restores: Store<PodRestore>,
+    pub record_maps: Store<ConfigMap>,
+    pub pods: Store<Pod>,
+    /// Pod UID → when its last heartbeat was skipped (freeze budget).
+    pub skips: Mutex<HashMap<String, u64>>,
+    /// The store, for deleting manifests by retention (`None`: CRs only).
+    pub store: Option<stasis_store::Store>,
+}
+
+impl Context {
+    fn all_records(&self) -> Vec<Record> {
+        self.record_maps
+            .state()
+            .iter()
+            .filter_map(|cm| Record::from_config_map(cm).ok())
+            .collect()
+    }
+
+    fn record_held_by(&self, token: &str) -> Option<Record> {
+        self.all_records()
+            .into_iter()
+            .find(|r| r.holder_token() == Some(token))
+    }
+
+    async fn event(
+        &self,
+        pod_ref: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, pod_ref).await {
+            tracing::warn!(error = %e, reason, "event not published");
+        }
+    }
+}
+
+fn pod_uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+/// Pods: a stasis pod gets its holder registered, its admission decision materialised, its
+/// lineage orphaned when it stops, and its heartbeat checkpoints.
+pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
+    let class = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref());
+    if class != Some(ctx.cfg.runtime_class.as_str()) {
+        return Ok(Action::await_change());
+    }
+    ctx.metrics.reconciled("pods");
+    let ns = pod.namespace().unwrap_or_default();
+    let uid = pod_uid(&pod);
+    let token = pod.labels().get(CLAIM_TOKEN_ANNOTATION).cloned();
+    let policy = policy_for(
+        ctx.policies.state().iter().map(|p| p.as_ref()),
+        &ns,
+        pod.labels(),
+    )
+    .cloned();
+
+    // The pod's lineage record: the one its token holds (registering the pod on first sight).
+    let mut record = token.as_deref().and_then(|t| ctx.record_held_by(t));
+    if let Some(r) = record.as_mut() {
+        let h = r.holder.get_or_insert_with(|| Holder {
+            token: token.clone().unwrap_or_default(),
+            claimed_unix_ms: now_ms(),
+            ..Default::default()
+        });
+        if h.uid.is_none() {
+            h.uid = Some(uid.clone());
+            h.pod = Some(pod.name_any());
+            *r = ctx.records.save(r).await?;
+        }
+    }
+
+    // A decision made at admission becomes a PodRestore (restore) or an Event (cold start).
+    let annotations = pod.annotations();
+    if let Some(decision) = annotations.get(DECISION_ANNOTATION) {
+        if !annotations.contains_key(REPORTED_ANNOTATION) {
+            report_decision(&pod, decision, record.as_ref(), &ctx).await?;
+        }
+    }
+
+    // A stopping or ended pod orphans its lineage (and its final checkpoint is waited for).
+    if let Some(r) = record.as_mut() {
+        let on_termination = policy.as_ref().is_none_or(|p| p.spec.on_termination);
+        let checkpoints: Vec<PodCheckpoint> = ctx
+            .checkpoints
+            .state()
+            .iter()
+            .map(|c| (**c).clone())
+            .collect();
+        let (state, _) = holder_state(r, std::slice::from_ref(&*pod), &checkpoints, on_termination);
+        if refresh(
+            r,
+            &state,
+            now_ms(),
+            ctx.cfg.phantom_after.as_millis() as u64,
+        ) {
+            *r = ctx.records.save(r).await?;
+        }
+    }
+
+    let Some(policy) = policy else {
+        return Ok(Action::await_change());
+    };
+    if eligible(&pod, &ctx.cfg.runtime_class).is_err() {
+        return Ok(Action::await_change());
+    }
+    // A running pod the webhook never saw (installed later, or the webhook was down): its own
+    // new lineage, held by its UID.
+    let record = match record {
+        Some(r) => r,
+        None => start_lineage(&pod, &ctx).await?,
+    };
+    heartbeat(&pod, &policy, &record, &ctx).await
+}
+
+/// A new lineage for a running pod without one; the pod is labelled and annotated with it.
+async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
+    let ns = pod.namespace().unwrap_or_default();
+    let uid = pod_uid(pod);
+    let workload = podfacts::workload_identity(pod)
+        .map_err(|_| Error::Missing("pod without a workload identity"))?
+        .key();
+    let existing: Vec<Lineage> = ctx
+        .all_records()
+        .into_iter()
+        .filter(|r| r.lineage.workload == workload)
+        .map(|r| r.lineage)
+        .collect();
+    let lineage = Lineage::start(&workload, &uid, &existing);
+    let record = Record::new(
+        &ns,
+        lineage,
+        Some(Holder {
+            token: uid.clone(),
+            claimed_unix_ms: now_ms(),
+            pod: Some(pod.name_any()),
+            uid: Some(uid.clone()),
+            ..Default::default()
+        }),
+    );
+    let record = ctx.records.save(&record).await?;
+    let patch = json!({"metadata": {
+        "labels": {CLAIM_TOKEN_ANNOTATION: uid},
+        "annotations": {
+            CLAIM_TOKEN_ANNOTATION: uid,
+            LINEAGE_ANNOTATION: record.lineage.id.as_str(),
+            GENERATION_ANNOTATION: record.lineage.generation.to_string(),
+        }
+    }});
+    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    tracing::info!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, "new lineage for a pod admitted without the webhook");
+    Ok(record)
+}
+
+/// Turns the webhook's decision into a `PodRestore` or a `ColdStart` Event, once.
+async fn report_decision(
+    pod: &Pod,
+    decision: &str,
+    record: Option<&Record>,
+    ctx: &Context,
+) -> Result<()> {
+    let ns = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let oref = pod.object_ref(&());
+    let annotations = pod.annotations();
+    match decision {
+        "Restore" => {
+            // Only what the record says counts: annotations can be copied, the record cannot.
+            let holder = record.and_then(|r| r.holder.as_ref().map(|h| (r, h)));
+            match holder.and_then(|(r, h)| h.restore.clone().map(|c| (r, h, c))) {
+                Some((r, h, checkpoint_ref)) => {
+                    let restore = PodRestore {
+                        metadata: ObjectMeta {
+                            name: Some(name.clone()),
+                            namespace: Some(ns.clone()),
+                            labels: Some(BTreeMap::from([
+                                (POD_UID_LABEL.to_owned(), pod_uid(pod)),
+                                (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+                            ])),
+                            ..Default::default()
+                        },
+                        spec: PodRestoreSpec {
+                            checkpoint_ref: checkpoint_ref.clone(),
+                            target_pod_name: name.clone(),
+                            target_pod_uid: pod.metadata.uid.clone(),
+                            source_pod_name: h.source_pod.clone(),
+                            lineage: Some(r.lineage.id.as_str().to_owned()),
+                            generation: Some(r.lineage.generation as i64),
+                        },
+                        status: None,
+                    };
+                    let api = Api::<PodRestore>::namespaced(ctx.client.clone(), &ns);
+                    match api.create(&PostParams::default(), &restore).await {
+                        Ok(_) | Err(kube::Error::Api(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    let mut status = PodRestoreStatus {
+                        phase: Some(RestorePhase::Pending),
+                        ..Default::default()
+                    };
+                    set_condition(
+                        &mut status.conditions,
+                        condition::READY,
+                        false,
+                        "Pending",
+                        format!("restore of {checkpoint_ref} decided at admission"),
+                        None,
+                        k8s_time(now_ms()),
+                    );
+                    // Only when the agent has not written a status yet.
+                    let current = api.get_status(&name).await?;
+                    if current.status.as_ref().and_then(|s| s.phase).is_none() {
+                        api.patch_status(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"status": status})),
+                        )
+                        .await?;
+                    }
+                    ctx.event(
+                        &oref,
+                        EventType::Normal,
+                        "RestoreDecided",
+                        format!("restoring checkpoint {checkpoint_ref} (PodRestore {name})"),
+                    )
+                    .await;
+                }
+                None => {
+                    ctx.event(
+                        &oref,
+                        EventType::Warning,
+                        "ColdStart",
+                        "restore annotation without a matching lineage record: not restoring"
+                            .into(),
+                    )
+                    .await;
+                }
+            }
+        }
+        _ => {
+            let why = annotations
+                .get(DECISION_REASON_ANNOTATION)
+                .cloned()
+                .unwrap_or_else(|| "no restore".into());
+            ctx.event(&oref, EventType::Normal, "ColdStart", why).await;
+        }
+    }
+    let patch = json!({"metadata": {"annotations": {REPORTED_ANNOTATION: "true"}}});
+    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// The heartbeat of one running pod under its policy.
+async fn heartbeat(
+    pod: &Pod,
+    policy: &CheckpointPolicy,
+    record: &Record,
+    ctx: &Context,
+) -> Result<Action> {
+    let Ok(interval) = policy.spec.heartbeat() else {
+        // The policy's status says why; look again when it changes.
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    };
+    let ns = pod.namespace().unwrap_or_default();
+    let uid = pod_uid(pod);
+    let mine: Vec<CheckpointView> = ctx
+        .checkpoints
+        .state()
+        .iter()
+        .filter(|c| {
+            c.namespace().as_deref() == Some(&ns) && checkpoint_pod_uid(c).as_deref() == Some(&uid)
+        })
+        .map(|c| CheckpointView::of(c))
+        .collect();
+    let now = now_ms();
+    let started = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .or(pod.metadata.creation_timestamp.as_ref())
+        .map_or(now, time_ms);
+    let probes = podfacts::liveness_probes(pod);
+    let last_skip = ctx.skips.lock().ok().and_then(|s| s.get(&uid).copied());
+    let inputs = HeartbeatInputs {
+        interval,
+        pod_started_unix_ms: started,
+        checkpoints: &mine,
+        last_skip_unix_ms: last_skip,
+        jitter_ms: jitter_ms(&uid, interval),
+        probes: &probes,
+        max_freeze_fraction: policy.spec.freeze_fraction(),
+        in_flight_timeout: ctx.cfg.in_flight_timeout,
+        now_unix_ms: now,
+    };
+    match next_heartbeat(&inputs) {
+        Next::InFlight => Ok(Action::requeue(interval.min(Duration::from_secs(60)))),
+        Next::NotDue { at_unix_ms } => Ok(Action::requeue(Duration::from_millis(at_unix_ms - now))),
+        Next::Skip { reason } => {
+            if let Ok(mut s) = ctx.skips.lock() {
+                s.insert(uid, now);
+            }
+            ctx.metrics
+                .checkpoints_skipped
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: reason::FREEZE_BUDGET_EXCEEDED.to_owned(),
+                })
+                .inc();
+            ctx.event(
+                &pod.object_ref(&()),
+                EventType::Warning,
+                "CheckpointSkipped",
+                reason,
+            )
+            .await;
+            Ok(Action::requeue(interval))
+        }
+        Next::Create { due_unix_ms } => {
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            let name = heartbeat_name(&pod.name_any(), due_unix_ms);
+            let mut labels = BTreeMap::from([
+                (POD_UID_LABEL.to_owned(), uid.clone()),
+                ("stasis.dev/policy".to_owned(), policy.name_any()),
+                (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+            ]);
+            if node.len() <= 63 {
+                labels.insert(NODE_LABEL.to_owned(), node.clone());
+            }
+            let ck = PodCheckpoint {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(labels),
+                    annotations: Some(BTreeMap::from([
+                        (
+                            LINEAGE_ANNOTATION.to_owned(),
+                            record.lineage.id.as_str().to_owned(),
+                        ),
+                        (
+                            GENERATION_ANNOTATION.to_owned(),
+                            record.lineage.generation.to_string(),
+                        ),
+                    ])),
+                    ..Default::default()
+                },
+                spec: PodCheckpointSpec {
+                    source_pod_name: pod.name_any(),
+                    source_pod_uid: Some(uid),
+                    reason: CheckpointReason::Heartbeat,
+                    timeout_seconds: None,
+                },
+                status: None,
+            };
+            let api = Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns);
+            match api.create(&PostParams::default(), &ck).await {
+                Ok(_) => {
+                    ctx.metrics.checkpoints_scheduled.inc();
+                    tracing::info!(pod = %pod.name_any(), namespace = %ns, checkpoint = %name, node = %node, "heartbeat checkpoint requested");
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            Ok(Action::requeue(interval.min(Duration::from_secs(60))))
+        }
+    }
+}
+
+/// The lineage and generation of a checkpoint (status first, then the annotations set at
+/// creation).
+fn checkpoint_lineage(c: &PodCheckpoint) -> Option<(String, u64)> {
+    let s = c.status.as_ref();
+    let lineage = s
+        .and_then(|s| s.lineage.clone())
+        .or_else(|| c.annotations().get(LINEAGE_ANNOTATION).cloned())?;
+    let generation = s
+        .and_then(|s| s.generation)
+        .and_then(|g| u64::try_from(g).ok())
+        .or_else(|| c.annotations().get(GENERATION_ANNOTATION)?.parse().ok())?;
+    Some((lineage, generation))
+}
+
+/// `PodCheckpoint`s: a succeeded one is published into its lineage (or fenced), then retention
+/// runs on the lineage; a failed final checkpoint ends the wait for it; a stuck one fails.
+pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciled("checkpoints");
+    let ns = ck.namespace().unwrap_or_default();
+    let name = ck.name_any();
+    let view = CheckpointView::of(&ck);
+    let api = Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns);
+    let now = now_ms();
+    if view.in_flight() {
+        let age = now.saturating_sub(view.created_unix_ms);
+        let timeout = ctx.cfg.in_flight_timeout.as_millis() as u64;
+        if age < timeout {
+            return Ok(Action::requeue(Duration::from_millis(
+                timeout - age + 1_000,
+            )));
+        }
+        let mut status = ck.status.clone().unwrap_or_default();
+        status.phase = Some(CheckpointPhase::Failed);
+        set_condition(
+            &mut status.conditions,
+            condition::READY,
+            false,
+            reason::CHECKPOINT_FAILED,
+            format!(
+                "no progress in {}s (is the node's agent running?)",
+                timeout / 1000
+            ),
+            None,
+            k8s_time(now),
+        );
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+    let Some((lineage_id, generation)) = checkpoint_lineage(&ck) else {
+        return Ok(Action::await_change());
+    };
+    let phase = view.phase;
+    if phase == Some(CheckpointPhase::Failed) && ck.spec.reason == CheckpointReason::Termination {
+        if let Some(mut r) = ctx.records.get(&lineage_id).await? {
+            if r.lineage.final_deadline_unix_ms.is_some() {
+                r.lineage.end_final();
+                ctx.records.save(&r).await?;
+            }
+        }
+        return Ok(Action::await_change());
+    }
+    if phase != Some(CheckpointPhase::Succeeded) {
+        return Ok(Action::await_change());
+    }
+    let Some(reference) = ck.status.as_ref().and_then(|s| s.checkpoint_ref.clone()) else {
+        return Ok(Action::await_change());
+    };
+    let Some(id) = reference
+        .rsplit_once('/')
+        .and_then(|(_, id)| CheckpointId::parse(id).ok())
+    else {
+        return Ok(Action::await_change());
+    };
+    let Some(mut r) = ctx.records.get(&lineage_id).await? else {
+        return Ok(Action::await_change());
+    };
+    if r.lineage.checkpoints.iter().any(|c| c.id == id) {
+        return Ok(Action::await_change());
+    }
+    let created = ck
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .map_or(view.created_unix_ms, time_ms);
+    match r.lineage.publish(LineageCheckpoint {
+        id,
+        generation,
+        created_unix_ms: created,
+    }) {
+        Ok(()) => {
+            let r = ctx.records.save(&r).await?;
+            apply_retention(r, &ck, &ctx).await?;
+        }
+        Err(fenced) => {
+            ctx.metrics.checkpoints_fenced.inc();
+            let mut status: PodCheckpointStatus = ck.status.clone().unwrap_or_default();
+            status.phase = Some(CheckpointPhase::Failed);
+            set_condition(
+                &mut status.conditions,
+                condition::READY,
+                false,
+                reason::FENCED,
+                fenced.to_string(),
+                None,
+                k8s_time(now),
+            );
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await?;
+            tracing::warn!(checkpoint = %name, namespace = %ns, error = %fenced, "fenced");
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// Retention of one lineage under the checkpoint's policy: drops the ids from the record first
+/// (so no restore picks them), then deletes their `PodCheckpoint`s and, with a store, their
+/// manifests (chunks go with the store's garbage collection).
+async fn apply_retention(mut r: Record, ck: &PodCheckpoint, ctx: &Context) -> Result<()> {
+    let ns = r.namespace.clone();
+    let policies = ctx.policies.state();
+    let policy = ck
+        .labels()
+        .get("stasis.dev/policy")
+        .and_then(|p| {
+            policies
+                .iter()
+                .find(|x| x.namespace().as_deref() == Some(&ns) && &x.name_any() == p)
+        })
+        .or_else(|| {
+            let in_ns: Vec<_> = policies
+                .iter()
+                .filter(|x| x.namespace().as_deref() == Some(&ns))
+                .collect();
+            (in_ns.len() == 1).then(|| in_ns[0])
+        });
+    let retention_spec = policy.map(|p| p.spec.retention.clone()).unwrap_or_default();
+    let max_age = retention_spec
+        .max_age
+        .as_deref()
+        .and_then(|a| parse_duration(a).ok())
+        .map(|d| d.as_millis() as u64);
+    let prefix = format!("{}/", r.lineage.id);
+    let pinned: Vec<CheckpointId> = ctx
+        .restores
+        .state()
+        .iter()
+        .filter(|x| {
+            matches!(
+                x.status.as_ref().and_then(|s| s.phase),
+                None | Some(RestorePhase::Pending)
+                    | Some(RestorePhase::Fetching)
+                    | Some(RestorePhase::Ready)
+            )
+        })
+        .filter_map(|x| {
+            x.spec
+                .checkpoint_ref
+                .strip_prefix(&prefix)
+                .and_then(|id| CheckpointId::parse(id).ok())
+        })
+        .collect();
+    let drop = retention(
+        &r.lineage,
+        retention_spec.keep_last.max(1) as usize,
+        max_age,
+        now_ms(),
+        &pinned,
+    );
+    if drop.is_empty() {
+        return Ok(());
+    }
+    r.lineage.checkpoints.retain(|c| !drop.contains(&c.id));
+    let r = ctx.records.save(&r).await?;
+    let api = Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns);
+    for id in &drop {
+        let reference = format!("{}{}", prefix, id);
+        for c in ctx.checkpoints.state().iter().filter(|c| {
+            c.namespace().as_deref() == Some(&ns)
+                && c.status.as_ref().and_then(|s| s.checkpoint_ref.as_deref()) == Some(&reference)
+        }) {
+            match api.delete(&c.name_any(), &DeleteParams::default()).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(store) = &ctx.store {
+            let cref = CheckpointRef::exact(r.lineage.id.clone(), id.clone());
+            if let Err(e) = store.delete_checkpoint(&cref).await {
+                tracing::warn!(error = %e, checkpoint = %reference, "store delete");
+            }
+        }
+        ctx.metrics.checkpoints_deleted.inc();
+        tracing::info!(checkpoint = %reference, "deleted by retention");
+    }
+    Ok(())
+}
+
+/// `PodRestore`s: outcomes feed the restore-loop guard of the lineage, once each.
+pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciled("restores");
+    const ACCOUNTED: &str = "stasis.dev/accounted";
+    if pr.annotations().contains_key(ACCOUNTED) {
+        return Ok(Action::await_change());
+    }
+    let status = pr.status.as_ref();
+    let phase = status.and_then(|s| s.phase);
+    let Some(lineage_id) = pr.spec.lineage.clone() else {
+        return Ok(Action::await_change());
+    };
+    let Some(id) = pr
+        .spec
+        .checkpoint_ref
+        .rsplit_once('/')
+        .and_then(|(_, id)| CheckpointId::parse(id).ok())
+    else {
+        return Ok(Action::await_change());
+    };
+    let Some(mut r) = ctx.records.get(&lineage_id).await? else {
+        return Ok(Action::await_change());
+    };
+    match phase {
+        Some(RestorePhase::Restored) => r.lineage.record_restore_success(),
+        Some(RestorePhase::Failed) | Some(RestorePhase::ColdStart) => {
+            let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
+            let signature: String = format!(
+                "restore: {}",
+                message.split([':', '\n']).next().unwrap_or("")
+            )
+            .chars()
+            .take(80)
+            .collect();
+            r.lineage.record_restore_failure(&id, &signature);
+        }
+        _ => return Ok(Action::await_change()),
+    }
+    ctx.records.save(&r).await?;
+    let ns = pr.namespace().unwrap_or_default();
+    Api::<PodRestore>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &pr.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {ACCOUNTED: "true"}}})),
+        )
+        .await?;
+    Ok(Action::await_change())
+}
+
+/// `CheckpointPolicy` status: `Ready` (`Active`) or refused (`InvalidSpec`), with the number of
+/// selected stasis pods.
+pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciled("policies");
+    let ns = p.namespace().unwrap_or_default();
+    let mut status: CheckpointPolicyStatus = p.status.clone().unwrap_or_default();
+    let generation = p.metadata.generation;
+    let now = k8s_time(now_ms());
+    let problem = p.spec.heartbeat().err().map(|e| e.to_string()).or_else(|| {
+        let max_age = p.spec.retention.max_age.as_deref()?;
+        parse_duration(max_age)
+            .err()
+            .map(|e| format!("retention.maxAge: {e}"))
+    });
+    match &problem {
+        Some(why) => set_condition(
+            &mut status.conditions,
+            condition::READY,
+            false,
+            reason::INVALID_SPEC,
+            why.clone(),
+            generation,
+            now,
+        ),
+        None => set_condition(
+            &mut status.conditions,
+            condition::READY,
+            true,
+            reason::ACTIVE,
+            format!("heartbeat every {}", p.spec.interval),
+            generation,
+            now,
+        ),
+    }
+    let selected = ctx
+        .pods
+        .state()
+        .iter()
+        .filter(|pod| {
+            pod.namespace().as_deref() == Some(&ns)
+                && pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.runtime_class_name.as_deref())
+                    == Some(ctx.cfg.runtime_class.as_str())
+                && crate::schedule::selects(&p.spec.selector, pod.labels())
+        })
+        .count();
+    status.selected_pods = Some(selected as i32);
+    status.observed_generation = generation;
+    if Some(&status) != p.status.as_ref() {
+        Api::<CheckpointPolicy>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(
+                &p.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+/// Sweep: every record whose holder pod stopped or vanished is brought up to date (the pod
+/// reconciler sees stopping pods; only the sweep sees pods that are gone), and claims whose
+/// pod never appeared are released.
+pub async fn sweep(ctx: &Context) -> Result<()> {
+    let pods: Vec<Pod> = ctx.pods.state().iter().map(|p| (**p).clone()).collect();
+    let checkpoints: Vec<PodCheckpoint> = ctx
+        .checkpoints
+        .state()
+        .iter()
+        .map(|c| (**c).clone())
+        .collect();
+    let now = now_ms();
+    for mut r in ctx.all_records() {
+        if r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none() {
+            continue;
+        }
+        let ns = r.namespace.clone();
+        let in_ns: Vec<Pod> = pods
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(&ns))
+            .cloned()
+            .collect();
+        let on_termination = true;
+        let (state, _) = holder_state(&r, &in_ns, &checkpoints, on_termination);
+        if refresh(
+            &mut r,
+            &state,
+            now,
+            ctx.cfg.phantom_after.as_millis() as u64,
+        ) {
+            match ctx.records.save(&r).await {
+                Ok(_) | Err(Error::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn drain<T, E: std::fmt::Display>(
+    controller: &'static str,
+) -> impl FnMut(std::result::Result<T, E>) -> futures::future::Ready<()> {
+    move |r| {
+        if let Err(e) = r {
+            tracing::debug!(controller, error = %e, "controller stream");
+        }
+        futures::future::ready(())
+    }
+}
+
+fn error_policy<K>(controller: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
+    move |_obj, err, ctx| {
+        ctx.metrics.failed(controller, err);
+        match err {
+            Error::Conflict(_) => Action::requeue(Duration::from_millis(200)),
+            _ => {
+                tracing::warn!(controller, error = %err, "reconcile failed");
+                Action::requeue(Duration::from_secs(5))
+            }
+        }
+    }
+}
+
+/// Everything the reconcilers need from outside.
+pub struct Setup {
+    pub client: Client,
+    pub namespace: String,
+    pub identity: String,
+    pub metrics: Metrics,
+    pub cfg: ControllerConfig,
+    pub store: Option<stasis_store::Store>,
+}
+
+/// Runs the reconcilers and the sweep until a shutdown signal.
+pub async fn run(setup: Setup) -> Result<()> {
+    let client = setup.client.clone();
+    let wc = watcher::Config::default;
+    let pod_ctrl = Controller::new(Api::<Pod>::all(client.clone()), wc()).watches(
+        Api::<PodCheckpoint>::all(client.clone()),
+        wc(),
+        |c| Some(ObjectRef::new(&c.spec.source_pod_name).within(&c.namespace()?)),
+    );
+    let ck_ctrl = Controller::new(Api::<PodCheckpoint>::all(client.clone()), wc());
+    let pr_ctrl = Controller::new(Api::<PodRestore>::all(client.clone()), wc());
+    let pol_ctrl = Controller::new(Api::<CheckpointPolicy>::all(client.clone()), wc());
+    let (maps, maps_writer) = reflector::store();
+    let maps_stream = reflector::reflector(
+        maps_writer,
+        watcher::watcher(
+            Api::<ConfigMap>::namespaced(client.clone(), &setup.namespace),
+            wc().labels(&format!("{RECORD_LABEL}=true")),
+        ),
+    )
+    .default_backoff()
+    .applied_objects()
+    .for_each(|_| futures::future::ready(()));
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        records: Records::new(client.clone(), &setup.namespace),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.into(),
+                instance: Some(setup.identity.clone()),
+            },
+        ),
+        metrics: setup.metrics.clone(),
+        cfg: setup.cfg.clone(),
+        policies: pol_ctrl.store(),
+        checkpoints: ck_ctrl.store(),
+        restores: pr_ctrl.store(),
+        record_maps: maps,
+        pods: pod_ctrl.store(),
+        skips: Mutex::new(HashMap::new()),
+        store: setup.store,
+    });
+    let cks = ck_ctrl
+        .shutdown_on_signal()
+        .run(
+            reconcile_checkpoint,
+            error_policy("checkpoints"),
+            ctx.clone(),
+        )
+        .for_each(drain("checkpoints"));
+    let prs = pr_ctrl
+        .shutdown_on_signal()
+        .run(reconcile_restore, error_policy("restores"), ctx.clone())
+        .for_each(drain("restores"));
+    let pols = pol_ctrl
+        .shutdown_on_signal()
+        .run(reconcile_policy, error_policy("policies"), ctx.clone())
+        .for_each(drain("policies"));
+    // Heartbeats wait until the checkpoints, policies and records are known: an empty cache
+    // would schedule checkpoints that already exist.
+    let pods = {
+        let ctx = ctx.clone();
+        async move {
+            let _ = ctx.checkpoints.wait_until_ready().await;
+            let _ = ctx.policies.wait_until_ready().await;
+            let _ = ctx.record_maps.wait_until_ready().await;
+            tracing::info!("caches ready: reconciling pods");
+            pod_ctrl
+                .shutdown_on_signal()
+                .run(reconcile_pod, error_policy("pods"), ctx.clone())
+                .for_each(drain("pods"))
+                .await
+        }
+    };
+    let sweeper = {
+        let ctx = ctx.clone();
+        async move {
+            let _ = ctx.record_maps.wait_until_ready().await;
+            let _ = ctx.pods.wait_until_ready().await;
+            loop {
+                tokio::time::sleep(ctx.cfg.sweep_every).await;
+                if let Err(e) = sweep(&ctx).await {
+                    ctx.metrics.failed("sweep", &e);
+                    tracing::warn!(error = %e, "sweep");
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = async { tokio::join!(cks, prs, pols, pods) } => {}
+        _ = maps_stream => {}
+        _ = sweeper => {}
+    }
+    Ok(())
+}
+
+/// The workload key of a pod, for tests and logs.
+pub fn workload_of(pod: &Pod) -> Option<WorkloadName> {
+    podfacts::workload_identity(pod).ok().map(|w| w.key())
+}

@@ -1,0 +1,91 @@
+//! stasis-controller: the cluster side of stasis (docs/design.md §13).
+//!
+//! - [`controller`]: heartbeat `PodCheckpoint`s per `CheckpointPolicy`, lineage bookkeeping
+//!   (holders, orphaning, in-flight final checkpoints, publishing with fencing), retention, the
+//!   restore-loop guard, `PodRestore`s and `ColdStart` Events for decisions made at admission,
+//!   policy status;
+//! - [`webhook`]: the mutating admission webhook that makes the restore decision
+//!   (`stasis_core::decision::decide`) for a new `runtimeClassName: stasis` pod;
+//! - [`record`]: where lineage records live (one ConfigMap per lineage in stasis's namespace);
+//! - [`schedule`], [`admission`]: the pure parts (when a heartbeat is due, the JSONPatch);
+//! - [`leader`]: a `coordination.k8s.io/v1` Lease so one replica reconciles;
+//! - [`server`], [`metrics`]: `/metrics`, `/healthz`, the webhook's HTTPS listener;
+//! - [`wait`]: the injected init container's wait for the node agent.
+
+pub mod admission;
+pub mod app;
+pub mod controller;
+pub mod keys;
+pub mod leader;
+pub mod metrics;
+pub mod record;
+pub mod schedule;
+pub mod server;
+pub mod telemetry;
+pub mod wait;
+pub mod webhook;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Everything that can go wrong in a reconcile or an admission.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the API server failed.
+    #[error("kubernetes api: {0}")]
+    Kube(#[from] kube::Error),
+    /// A lineage record changed under us (resourceVersion precondition); the caller retries.
+    #[error("lineage record {0} changed concurrently")]
+    Conflict(String),
+    /// A lineage record ConfigMap could not be read.
+    #[error("lineage record {name}: {source}")]
+    Record {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The store refused a delete.
+    #[error("store: {0}")]
+    Store(#[from] stasis_store::StoreError),
+    /// A JSON value could not be (de)serialised.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// An object lacks a field the controller needs.
+    #[error("{0}")]
+    Missing(&'static str),
+}
+
+impl Error {
+    /// A short label for the `errors` metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Conflict(_) => "conflict",
+            Error::Record { .. } => "record",
+            Error::Store(_) => "store",
+            Error::Json(_) => "json",
+            Error::Missing(_) => "missing",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A Kubernetes time in Unix milliseconds (0 before the epoch).
+pub fn time_ms(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> u64 {
+    u64::try_from(t.0.as_millisecond()).unwrap_or(0)
+}
+
+/// A Kubernetes time for `ms` Unix milliseconds.
+pub fn k8s_time(ms: u64) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64).unwrap_or_default(),
+    )
+}

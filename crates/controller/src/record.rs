@@ -1,0 +1,424 @@
+//! Lineage records: where the controller keeps lineages, claims and generations (DESIGN §3).
+//!
+//! One ConfigMap per lineage in stasis's own namespace (never where workload pods can write),
+//! named `stasis_api::lineage::record_name(<lineage id>)`, labelled
+//! `stasis.dev/lineage-record=true` and `stasis.dev/workload=<16 hex of the workload key>`:
+//!
+//! - `lineage.json`: the `stasis_core::lineage::Lineage` (generation, holder token, orphaned,
+//!   complete checkpoints, restore failures, bad checkpoints, in-flight final checkpoint); the
+//!   agents read it to fence before a checkpoint becomes visible;
+//! - `holder.json`: the controller's [`Holder`]: who holds the lineage (claim token, and the pod
+//!   once seen), since when, and the restore decided for it at admission.
+//!
+//! Every change is a read-modify-write with the ConfigMap's resourceVersion as precondition
+//! (a conflict is [`Error::Conflict`]; the caller re-reads and decides again), so a claim is
+//! atomic: two pods can never both take the same orphaned lineage.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use serde::{Deserialize, Serialize};
+use stasis_api::lineage::{record_name, RECORD_ID_ANNOTATION, RECORD_KEY, RECORD_LABEL};
+use stasis_core::lineage::Lineage;
+use stasis_core::reference::WorkloadName;
+
+use crate::keys::{
+    short_hash, HOLDER_KEY, MANAGED_BY, NAMESPACE_ANNOTATION, WORKLOAD_ANNOTATION, WORKLOAD_LABEL,
+};
+use crate::{Error, Result};
+
+/// Who holds a lineage, as the controller knows it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    /// The holder token (`Lineage::holder`): the webhook's claim token, or the pod's UID for a
+    /// pod the webhook never saw. The pod carries it as label `stasis.dev/claim-token`.
+    pub token: String,
+    /// When the claim was made (Unix ms): a claim whose pod never appears is released after a
+    /// while.
+    pub claimed_unix_ms: u64,
+    /// The pod's name and UID once seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The checkpoint (`<lineage>/<id>`) the webhook decided to restore into this holder; the
+    /// controller turns it into a `PodRestore` once the pod exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<String>,
+    /// The pod the lineage was taken over from (the restore's source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_pod: Option<String>,
+}
+
+/// A lineage record and the resourceVersion it was read at (`None`: not stored yet).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    /// Namespace of the workload (the pods and their `PodCheckpoint`s).
+    pub namespace: String,
+    pub lineage: Lineage,
+    pub holder: Option<Holder>,
+    pub resource_version: Option<String>,
+}
+
+impl Record {
+    /// A record not stored yet.
+    pub fn new(namespace: &str, lineage: Lineage, holder: Option<Holder>) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            lineage,
+            holder,
+            resource_version: None,
+        }
+    }
+
+    /// The ConfigMap's name.
+    pub fn name(&self) -> String {
+        record_name(self.lineage.id.as_str())
+    }
+
+    /// The ConfigMap that stores the record.
+    pub fn to_config_map(&self) -> Result<ConfigMap> {
+        let mut data = BTreeMap::new();
+        data.insert(RECORD_KEY.to_owned(), serde_json::to_string(&self.lineage)?);
+        if let Some(h) = &self.holder {
+            data.insert(HOLDER_KEY.to_owned(), serde_json::to_string(h)?);
+        }
+        let workload = self.lineage.workload.as_str();
+        Ok(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.name()),
+                resource_version: self.resource_version.clone(),
+                labels: Some(BTreeMap::from([
+                    (RECORD_LABEL.to_owned(), "true".to_owned()),
+                    (WORKLOAD_LABEL.to_owned(), short_hash(workload)),
+                    (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+                ])),
+                annotations: Some(BTreeMap::from([
+                    (
+                        RECORD_ID_ANNOTATION.to_owned(),
+                        self.lineage.id.as_str().to_owned(),
+                    ),
+                    (WORKLOAD_ANNOTATION.to_owned(), workload.to_owned()),
+                    (NAMESPACE_ANNOTATION.to_owned(), self.namespace.clone()),
+                ])),
+                ..Default::default()
+            },
+            data: Some(data),
+            ..Default::default()
+        })
+    }
+
+    /// Reads a record back from its ConfigMap.
+    pub fn from_config_map(cm: &ConfigMap) -> Result<Self> {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        let data = cm.data.as_ref();
+        let lineage_json = data
+            .and_then(|d| d.get(RECORD_KEY))
+            .ok_or(Error::Missing("lineage record without lineage.json"))?;
+        let lineage: Lineage =
+            serde_json::from_str(lineage_json).map_err(|source| Error::Record {
+                name: name.clone(),
+                source,
+            })?;
+        let holder = match data.and_then(|d| d.get(HOLDER_KEY)) {
+            Some(h) => Some(serde_json::from_str(h).map_err(|source| Error::Record {
+                name: name.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        let namespace = cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NAMESPACE_ANNOTATION))
+            .cloned()
+            .unwrap_or_else(|| {
+                // `<ns>_<kind>_<name>...`: the namespace is the key's first part.
+                lineage
+                    .workload
+                    .as_str()
+                    .split('_')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            });
+        Ok(Self {
+            namespace,
+            lineage,
+            holder,
+            resource_version: cm.metadata.resource_version.clone(),
+        })
+    }
+
+    /// The holder token, when the lineage is held.
+    pub fn holder_token(&self) -> Option<&str> {
+        (!self.lineage.orphaned)
+            .then_some(self.lineage.holder.as_deref())
+            .flatten()
+    }
+}
+
+/// The lineage records in stasis's namespace.
+#[derive(Clone)]
+pub struct Records {
+    api: Api<ConfigMap>,
+}
+
+impl Records {
+    pub fn new(client: kube::Client, namespace: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+        }
+    }
+
+    fn parse(list: Vec<ConfigMap>) -> Vec<Record> {
+        list.iter()
+            .filter_map(|cm| match Record::from_config_map(cm) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping an unreadable lineage record");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Every lineage record of a workload.
+    pub async fn of_workload(&self, workload: &WorkloadName) -> Result<Vec<Record>> {
+        let lp = ListParams::default().labels(&format!(
+            "{RECORD_LABEL}=true,{WORKLOAD_LABEL}={}",
+            short_hash(workload.as_str())
+        ));
+        let list = self.api.list(&lp).await?;
+        // The label is a hash: keep only this workload's (a collision would be harmless
+        // anyway, the lineage carries its workload).
+        Ok(Self::parse(list.items)
+            .into_iter()
+            .filter(|r| &r.lineage.workload == workload)
+            .collect())
+    }
+
+    /// Every lineage record.
+    pub async fn all(&self) -> Result<Vec<Record>> {
+        let lp = ListParams::default().labels(&format!("{RECORD_LABEL}=true"));
+        Ok(Self::parse(self.api.list(&lp).await?.items))
+    }
+
+    /// One lineage's record.
+    pub async fn get(&self, lineage: &str) -> Result<Option<Record>> {
+        match self.api.get_opt(&record_name(lineage)).await? {
+            Some(cm) => Ok(Some(Record::from_config_map(&cm)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores a record: created when it has no resourceVersion, else replaced at that version.
+    /// Another writer in between is [`Error::Conflict`]. Returns the record at its new version.
+    pub async fn save(&self, record: &Record) -> Result<Record> {
+        let cm = record.to_config_map()?;
+        let name = record.name();
+        let res = match record.resource_version {
+            None => self.api.create(&PostParams::default(), &cm).await,
+            Some(_) => self.api.replace(&name, &PostParams::default(), &cm).await,
+        };
+        match res {
+            Ok(saved) => Ok(Record {
+                resource_version: saved.metadata.resource_version,
+                ..record.clone()
+            }),
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Conflict(name)),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// What became of the pod holding a lineage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HolderState {
+    /// The pod exists and is not stopping.
+    Running,
+    /// The pod has a deletion timestamp (drain, eviction, delete).
+    Terminating {
+        /// When the graceful stop began (deletion timestamp minus the grace period), Unix ms.
+        started_unix_ms: u64,
+        /// How long a final checkpoint may run (the deletion timestamp, plus slack), Unix ms.
+        deadline_unix_ms: u64,
+        /// A final checkpoint is expected: the pod was running and its policy has
+        /// `onTermination`.
+        final_expected: bool,
+    },
+    /// The pod ended (phase `Failed` or `Succeeded`): evicted, its node lost, completed.
+    Ended,
+    /// No such pod (any more).
+    Gone {
+        /// A termination `PodCheckpoint` of the pod is still pending or running.
+        final_in_flight: bool,
+    },
+    /// The claim is recent and its pod has not appeared yet.
+    Unseen,
+}
+
+/// Brings a record up to date with its holder's state; true when it changed:
+///
+/// - a held lineage whose pod is stopping, ended or gone is orphaned (claimable); a graceful
+///   stop with a final checkpoint expected also records the in-flight final checkpoint
+///   (`begin_final`), unless a checkpoint newer than the stop's start is already published;
+/// - a claim whose pod never appeared within `phantom_after_ms` is released;
+/// - an in-flight final checkpoint ends when the pod is gone with no termination checkpoint
+///   pending, or at its deadline.
+pub fn refresh(r: &mut Record, state: &HolderState, now_ms: u64, phantom_after_ms: u64) -> bool {
+    let before = (r.lineage.clone(), r.holder.clone());
+    if !r.lineage.orphaned {
+        match state {
+            HolderState::Running => {}
+            HolderState::Terminating {
+                started_unix_ms,
+                deadline_unix_ms,
+                final_expected,
+            } => {
+                r.lineage.orphan();
+                let published_since = r
+                    .lineage
+                    .latest()
+                    .is_some_and(|c| c.created_unix_ms >= *started_unix_ms);
+                if *final_expected && !published_since && *deadline_unix_ms > now_ms {
+                    r.lineage.begin_final(*deadline_unix_ms);
+                }
+            }
+            HolderState::Ended | HolderState::Gone { .. } => r.lineage.orphan(),
+            HolderState::Unseen => {
+                let claimed = r.holder.as_ref().map_or(0, |h| h.claimed_unix_ms);
+                if now_ms.saturating_sub(claimed) > phantom_after_ms {
+                    r.lineage.release();
+                }
+            }
+        }
+    }
+    if let Some(deadline) = r.lineage.final_deadline_unix_ms {
+        let pod_gone_quietly = matches!(
+            state,
+            HolderState::Gone {
+                final_in_flight: false
+            } | HolderState::Ended
+        );
+        if deadline <= now_ms || (r.lineage.orphaned && pod_gone_quietly) {
+            r.lineage.end_final();
+        }
+    }
+    (r.lineage.clone(), r.holder.clone()) != before
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stasis_core::lineage::LineageCheckpoint;
+    use stasis_core::reference::CheckpointId;
+
+    fn record(token: &str, claimed: u64) -> Record {
+        let w = WorkloadName::new("prod_deploy_counter").unwrap();
+        let l = Lineage::start(&w, token, &[]);
+        Record::new(
+            "prod",
+            l,
+            Some(Holder {
+                token: token.into(),
+                claimed_unix_ms: claimed,
+                ..Default::default()
+            }),
+        )
+    }
+
+    #[test]
+    fn config_map_round_trip() {
+        let mut r = record("3f2a9c10aa", 5);
+        r.holder.as_mut().unwrap().restore = Some("x/y".into());
+        let cm = r.to_config_map().unwrap();
+        assert_eq!(
+            cm.metadata.name.as_deref(),
+            Some(&*record_name("prod_deploy_counter.3f2a9c10"))
+        );
+        let labels = cm.metadata.labels.clone().unwrap();
+        assert_eq!(labels[RECORD_LABEL], "true");
+        assert_eq!(labels[WORKLOAD_LABEL].len(), 16);
+        // The agents read lineage.json as a plain Lineage.
+        let l: Lineage = serde_json::from_str(&cm.data.as_ref().unwrap()[RECORD_KEY]).unwrap();
+        assert_eq!(l, r.lineage);
+        assert_eq!(Record::from_config_map(&cm).unwrap(), r);
+    }
+
+    #[test]
+    fn terminating_holder_orphans_and_records_the_final_checkpoint() {
+        let mut r = record("aaaaaaaa", 0);
+        let t = HolderState::Terminating {
+            started_unix_ms: 10_000,
+            deadline_unix_ms: 40_000,
+            final_expected: true,
+        };
+        assert!(refresh(&mut r, &t, 11_000, 60_000));
+        assert!(r.lineage.orphaned);
+        assert_eq!(r.lineage.final_deadline_unix_ms, Some(40_000));
+        // Idempotent.
+        assert!(!refresh(&mut r, &t, 12_000, 60_000));
+        // The pod is gone and no termination checkpoint is pending: the wait ends.
+        assert!(refresh(
+            &mut r,
+            &HolderState::Gone {
+                final_in_flight: false
+            },
+            13_000,
+            60_000
+        ));
+        assert_eq!(r.lineage.final_deadline_unix_ms, None);
+    }
+
+    #[test]
+    fn final_already_published_or_not_expected_means_no_wait() {
+        let mut r = record("aaaaaaaa", 0);
+        r.lineage
+            .publish(LineageCheckpoint {
+                id: CheckpointId::from_parts(10_500, 1),
+                generation: 1,
+                created_unix_ms: 10_500,
+            })
+            .unwrap();
+        let t = HolderState::Terminating {
+            started_unix_ms: 10_000,
+            deadline_unix_ms: 40_000,
+            final_expected: true,
+        };
+        refresh(&mut r, &t, 11_000, 60_000);
+        assert!(r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none());
+        let mut r = record("bbbbbbbb", 0);
+        let t = HolderState::Terminating {
+            started_unix_ms: 10_000,
+            deadline_unix_ms: 40_000,
+            final_expected: false,
+        };
+        refresh(&mut r, &t, 11_000, 60_000);
+        assert!(r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none());
+        // Past the deadline the wait ends by itself.
+        let mut r = record("cccccccc", 0);
+        r.lineage.orphan();
+        r.lineage.begin_final(20_000);
+        assert!(refresh(&mut r, &HolderState::Running, 20_000, 60_000));
+        assert!(r.lineage.final_deadline_unix_ms.is_none());
+    }
+
+    #[test]
+    fn phantom_claims_are_released_after_a_while_and_ended_pods_orphan() {
+        let mut r = record("aaaaaaaa", 1_000);
+        assert!(!refresh(&mut r, &HolderState::Unseen, 30_000, 60_000));
+        assert!(!r.lineage.orphaned);
+        assert!(refresh(&mut r, &HolderState::Unseen, 62_000, 60_000));
+        assert!(r.lineage.orphaned);
+        let mut r = record("bbbbbbbb", 1_000);
+        assert!(refresh(&mut r, &HolderState::Ended, 2_000, 60_000));
+        assert!(r.lineage.orphaned && r.holder_token().is_none());
+        let mut r = record("cccccccc", 1_000);
+        assert!(!refresh(&mut r, &HolderState::Running, 99_000, 60_000));
+        assert_eq!(r.holder_token(), Some("cccccccc"));
+    }
+}

@@ -1,0 +1,200 @@
+//! HTTP servers: `/metrics` and `/healthz` (plain HTTP), and the webhook's `/mutate` over HTTPS
+//! with the certificate and key the chart mounts (PEM files, re-read at every start).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_rustls::rustls;
+use tokio_rustls::TlsAcceptor;
+
+use crate::metrics::Metrics;
+use crate::webhook::{review, Webhook};
+
+fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(body.into()))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// Serves `handler` on every connection accepted by `listener` (plain HTTP/1.1).
+async fn serve<H, F>(listener: TcpListener, tls: Option<TlsAcceptor>, handler: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept");
+                continue;
+            }
+        };
+        let handler = handler.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let handler = handler.clone();
+                async move { Ok::<_, Infallible>(handler(req).await) }
+            });
+            let http = hyper::server::conn::http1::Builder::new();
+            let res = match tls {
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(s) => http.serve_connection(TokioIo::new(s), svc).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, %peer, "tls handshake");
+                        return;
+                    }
+                },
+                None => http.serve_connection(TokioIo::new(stream), svc).await,
+            };
+            if let Err(e) = res {
+                tracing::debug!(error = %e, %peer, "connection");
+            }
+        });
+    }
+}
+
+/// `<namespace>/<pod>` from `/v1/restores/<namespace>/<pod>`, when both are plausible names.
+pub fn restore_path(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/v1/restores/")?;
+    let (ns, pod) = rest.split_once('/')?;
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    (ok(ns) && ok(pod)).then_some((ns, pod))
+}
+
+/// The status a restoring pod's wait container asks for: `{"phase": ...}` of the `PodRestore`
+/// named after the pod (404 while there is none).
+async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<Full<Bytes>> {
+    let api = kube::Api::<stasis_api::PodRestore>::namespaced(client.clone(), ns);
+    match api.get_opt(pod).await {
+        Ok(Some(r)) => {
+            let phase = r.status.as_ref().and_then(|s| s.phase);
+            let body = serde_json::json!({"phase": phase, "checkpointRef": r.spec.checkpoint_ref});
+            reply(StatusCode::OK, "application/json", body.to_string())
+        }
+        Ok(None) => reply(StatusCode::NOT_FOUND, "application/json", "{}"),
+        Err(e) => {
+            tracing::debug!(error = %e, "restore status");
+            reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", "{}")
+        }
+    }
+}
+
+/// `/metrics` (Prometheus text), `/healthz`, and `/v1/restores/<namespace>/<pod>` (for the
+/// wait containers of restoring pods) on `addr`.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Metrics,
+    client: kube::Client,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "metrics, health and restore status");
+    serve(listener, None, move |req: Request<Incoming>| {
+        let metrics = metrics.clone();
+        let client = client.clone();
+        async move {
+            let path = req.uri().path().to_owned();
+            match (req.method(), path.as_str()) {
+                (&Method::GET, "/metrics") => reply(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    metrics.encode(),
+                ),
+                (&Method::GET, "/healthz" | "/readyz") => {
+                    reply(StatusCode::OK, "text/plain", "ok\n")
+                }
+                (&Method::GET, p) => match restore_path(p) {
+                    Some((ns, pod)) => restore_status(&client, ns, pod).await,
+                    None => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+                },
+                _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
+/// The TLS settings from a PEM certificate chain and key.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("certificate and key: {e}"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The webhook (`POST /mutate`) on `addr`; HTTPS when `tls` is given (the API server requires
+/// it; plain HTTP only for tests).
+pub async fn serve_webhook(
+    addr: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    hook: Arc<Webhook>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, https = tls.is_some(), "admission webhook");
+    serve(listener, tls, move |req: Request<Incoming>| {
+        let hook = hook.clone();
+        async move {
+            match (req.method(), req.uri().path()) {
+                (&Method::POST, "/mutate") => {
+                    // AdmissionReviews of pods are small; 4 MiB is the API server's own bound.
+                    match Limited::new(req.into_body(), 4 << 20).collect().await {
+                        Ok(body) => {
+                            let out = review(hook, &body.to_bytes()).await;
+                            reply(StatusCode::OK, "application/json", out)
+                        }
+                        Err(_) => reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body\n"),
+                    }
+                }
+                (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
+                _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restore_paths() {
+        assert_eq!(
+            restore_path("/v1/restores/prod/counter-abc"),
+            Some(("prod", "counter-abc"))
+        );
+        assert_eq!(restore_path("/v1/restores/prod/"), None);
+        assert_eq!(restore_path("/v1/restores/prod/a/b"), None);
+        assert_eq!(restore_path("/v1/restores/Prod/x"), None);
+        assert_eq!(restore_path("/metrics"), None);
+    }
+}

@@ -1,0 +1,217 @@
+//! `stasis-controller wait-restore`: the injected init container of a restoring pod. It asks
+//! the controller, `GET $STASIS_STATUS_URL/v1/restores/<namespace>/<pod>` (the `PodRestore`'s
+//! phase, which the node's agent sets), every half second until the phase is final for the wait
+//! (`Ready`, `Restored`, `Failed`, `ColdStart`), the controller stays unreachable for
+//! `unreachable_seconds`, or `timeout_seconds` pass. It always exits 0: whatever happened, the
+//! app containers start (`stasis-runc create` restores when the agent's plan is there, and
+//! starts cold otherwise).
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// What one answer means for the wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Poll {
+    /// Stop waiting; the phase the agent gave.
+    Done(String),
+    /// Ask again.
+    Wait,
+}
+
+/// Reads the agent's answer: HTTP status and JSON body `{"phase": "..."}`. 404 means the agent
+/// has not seen the restore yet; any other non-200 answer, or a phase that is not final, waits.
+pub fn poll_answer(status: u16, body: &str) -> Poll {
+    if status != 200 {
+        return Poll::Wait;
+    }
+    let phase = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("phase").and_then(|p| p.as_str()).map(str::to_owned));
+    match phase.as_deref() {
+        Some(p @ ("Ready" | "Restored" | "Failed" | "ColdStart")) => Poll::Done(p.to_owned()),
+        _ => Poll::Wait,
+    }
+}
+
+/// `http://host[:port][/base]` → (`host:port`, base path without a trailing `/`).
+pub fn parse_url(url: &str) -> Option<(String, String)> {
+    let rest = url.strip_prefix("http://")?;
+    let (authority, base) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    if authority.is_empty() {
+        return None;
+    }
+    let has_port = authority.rsplit_once(':').is_some_and(|(h, p)| {
+        !h.ends_with('[')
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && !p.is_empty()
+            && !authority.ends_with(']')
+    });
+    let authority = if has_port {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    Some((authority, base.to_owned()))
+}
+
+/// One `GET` with a short timeout; (status, body).
+fn get(authority: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let addr = authority
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{authority}: no address")))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nAccept: application/json\r\n\r\n"
+    );
+    s.write_all(request.as_bytes())?;
+    let mut buf = Vec::new();
+    s.take(64 * 1024).read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, body.to_owned()))
+}
+
+/// Parameters of the wait (from the environment the webhook injects).
+#[derive(Debug, Clone)]
+pub struct WaitArgs {
+    /// The controller's status endpoint, `http://host:port`.
+    pub url: String,
+    pub namespace: String,
+    pub pod: String,
+    pub timeout: Duration,
+    pub unreachable: Duration,
+}
+
+/// Runs the wait; returns why it ended (printed by `main`).
+pub fn run(a: &WaitArgs) -> String {
+    let Some((authority, base)) = parse_url(&a.url) else {
+        return format!("no usable status URL {:?}: not waiting", a.url);
+    };
+    let path = format!("{base}/v1/restores/{}/{}", a.namespace, a.pod);
+    let start = Instant::now();
+    let mut last_reached = Instant::now();
+    loop {
+        match get(&authority, &path) {
+            Ok((status, body)) => {
+                last_reached = Instant::now();
+                if let Poll::Done(phase) = poll_answer(status, &body) {
+                    return format!(
+                        "restore {phase} after {:.1}s",
+                        start.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            Err(e) if last_reached.elapsed() >= a.unreachable => {
+                return format!(
+                    "controller at {authority} unreachable ({e}): starting without waiting further"
+                );
+            }
+            Err(_) => {}
+        }
+        if start.elapsed() >= a.timeout {
+            return format!(
+                "restore not ready after {}s: starting (the runtime restores if the archive is ready, else starts cold)",
+                a.timeout.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("http://stasis-controller.stasis-system.svc:8080"),
+            Some(("stasis-controller.stasis-system.svc:8080".into(), "".into()))
+        );
+        assert_eq!(
+            parse_url("http://h/base/"),
+            Some(("h:80".into(), "/base".into()))
+        );
+        assert_eq!(parse_url("https://h"), None);
+        assert_eq!(parse_url("http://"), None);
+    }
+
+    #[test]
+    fn answers() {
+        assert_eq!(poll_answer(404, ""), Poll::Wait);
+        assert_eq!(poll_answer(200, r#"{"phase":"Fetching"}"#), Poll::Wait);
+        assert_eq!(poll_answer(200, "garbage"), Poll::Wait);
+        for p in ["Ready", "Restored", "Failed", "ColdStart"] {
+            assert_eq!(
+                poll_answer(200, &format!(r#"{{"phase":"{p}"}}"#)),
+                Poll::Done(p.into())
+            );
+        }
+    }
+
+    #[test]
+    fn waits_for_a_stand_in_agent() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for (i, s) in l.incoming().enumerate() {
+                let mut s = s.unwrap();
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut buf).unwrap();
+                    req.extend_from_slice(&buf[..n]);
+                }
+                assert!(String::from_utf8_lossy(&req).starts_with("GET /v1/restores/prod/p "));
+                let body = if i < 2 {
+                    r#"{"phase":"Fetching"}"#
+                } else {
+                    r#"{"phase":"Ready"}"#
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let why = run(&WaitArgs {
+            url: format!("http://127.0.0.1:{port}"),
+            namespace: "prod".into(),
+            pod: "p".into(),
+            timeout: Duration::from_secs(20),
+            unreachable: Duration::from_secs(5),
+        });
+        assert!(why.starts_with("restore Ready"), "{why}");
+    }
+
+    #[test]
+    fn gives_up_when_the_agent_is_unreachable() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let why = run(&WaitArgs {
+            url: format!("http://127.0.0.1:{port}"),
+            namespace: "prod".into(),
+            pod: "p".into(),
+            timeout: Duration::from_secs(20),
+            unreachable: Duration::from_millis(10),
+        });
+        assert!(why.contains("unreachable"), "{why}");
+    }
+}

@@ -1,0 +1,580 @@
+//! The mutating admission webhook (`POST /mutate`): the restore decision for a new pod with
+//! `runtimeClassName: stasis` (DESIGN §3 "Restore", docs/design.md §10.8, §13.3).
+//!
+//! It never refuses a pod: every failure is logged and answered with "allowed, unchanged" (the
+//! pod starts cold), and the chart registers it with `failurePolicy: Ignore`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::DynamicObject;
+use kube::{Client, ResourceExt};
+use stasis_api::lineage::{declared, GENERATION_ANNOTATION, LINEAGE_ANNOTATION};
+use stasis_api::{pod as podfacts, CheckpointPolicy, CheckpointReason, PodCheckpoint};
+use stasis_core::decision::{decide, Decision, LastExit, Requester, RestoreInputs};
+use stasis_core::fingerprint::Mismatch;
+use stasis_core::lineage::{claim, claim_wait, Lineage, RestoreChoice};
+use stasis_core::podspec::{unsafe_volumes, SpecHash};
+use stasis_core::reference::WorkloadName;
+
+use crate::admission::{patch, requester_without_review, Mutation, RestoreMutation, WaitConfig};
+use crate::keys::*;
+use crate::metrics::Metrics;
+use crate::record::{refresh, Holder, HolderState, Record, Records};
+use crate::schedule::{policy_for, CheckpointView};
+use crate::{now_ms, time_ms, Error, Result};
+
+/// Settings of the webhook.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    pub runtime_class: String,
+    pub wait: WaitConfig,
+    /// Longest time an admission waits for a source's in-flight final checkpoint (kept under
+    /// the webhook's `timeoutSeconds`); after it, the claim goes ahead and fences a late one.
+    pub final_wait: Duration,
+    /// A claim whose pod has not appeared after this long is released.
+    pub phantom_after: Duration,
+}
+
+/// What the webhook needs.
+pub struct Webhook {
+    pub client: Client,
+    pub records: Records,
+    pub metrics: Metrics,
+    pub cfg: WebhookConfig,
+}
+
+/// Answers one AdmissionReview (the request body) with an AdmissionReview.
+pub async fn review(hook: Arc<Webhook>, body: &[u8]) -> Vec<u8> {
+    let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => {
+            return serde_json::to_vec(&AdmissionResponse::invalid(e).into_review())
+                .unwrap_or_default()
+        }
+    };
+    let req: AdmissionRequest<Pod> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => {
+            return serde_json::to_vec(&AdmissionResponse::invalid(e).into_review())
+                .unwrap_or_default()
+        }
+    };
+    let mut resp = AdmissionResponse::from(&req);
+    match mutate(&hook, &req).await {
+        Ok(Some(ops)) => match serde_json::from_value::<json_patch::Patch>(ops) {
+            Ok(p) => match resp.clone().with_patch(p) {
+                Ok(r) => resp = r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "patch not serialisable: pod admitted unchanged")
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "patch invalid: pod admitted unchanged"),
+        },
+        Ok(None) => {}
+        Err(e) => {
+            hook.metrics.admitted("Error", e.metric_label());
+            tracing::warn!(error = %e, namespace = ?req.namespace, "restore decision failed: pod admitted unchanged (cold start)");
+        }
+    }
+    let review: AdmissionReview<DynamicObject> = resp.into_review();
+    serde_json::to_vec(&review).unwrap_or_default()
+}
+
+/// The decision for one request: `None` for pods that are not stasis's concern.
+async fn mutate(hook: &Webhook, req: &AdmissionRequest<Pod>) -> Result<Option<serde_json::Value>> {
+    if req.operation != Operation::Create || req.dry_run {
+        return Ok(None);
+    }
+    let Some(original) = req.object.as_ref() else {
+        return Ok(None);
+    };
+    let class = original
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref());
+    if class != Some(hook.cfg.runtime_class.as_str()) {
+        return Ok(None);
+    }
+    let ns = req.namespace.clone().unwrap_or_default();
+    let mut pod = original.clone();
+    pod.metadata.namespace = Some(ns.clone());
+    let mut m = Mutation::default();
+    let cold = |m: &mut Mutation, label: &str, why: String| {
+        m.annotations
+            .insert(DECISION_ANNOTATION.into(), "ColdStart".into());
+        m.annotations.insert(DECISION_REASON_ANNOTATION.into(), why);
+        hook.metrics.admitted("ColdStart", label);
+    };
+    let workload = match podfacts::workload_identity(&pod) {
+        Ok(w) => w.key(),
+        Err(e) => {
+            cold(&mut m, "NoIdentity", format!("no workload identity: {e}"));
+            return Ok(Some(patch(original, &m)));
+        }
+    };
+    // Who is asking: the workload's own controller, or someone who needs the restore permission.
+    let user = req.user_info.username.clone().unwrap_or_default();
+    let requester = match requester_without_review(&user, &pod) {
+        Some(r) => r,
+        None => {
+            let may = may_restore(&hook.client, &ns, &req.user_info).await?;
+            Requester::classify(&user, crate::admission::controller_kind(&pod), may)
+        }
+    };
+    let policies = Api::<CheckpointPolicy>::namespaced(hook.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?;
+    let labels = pod.labels().clone();
+    let policy = policy_for(&policies.items, &ns, &labels).cloned();
+    let pod_hash = podfacts::spec_hash(&pod).ok_or(Error::Missing("pod without a spec"))?;
+    let mut inputs = RestoreInputs {
+        requester: requester.clone(),
+        policy_restore_on_crash: policy.as_ref().map(|p| p.spec.restore_on_crash),
+        cold_start_annotation: podfacts::cold_start_annotation(&pod),
+        unsafe_volumes: unsafe_volumes(
+            &podfacts::volume_facts(&pod),
+            policy.as_ref().map_or(&[][..], |p| &p.spec.safe_volumes),
+        ),
+        last_exit: LastExit::Unknown,
+        claim: None,
+        pod_spec_hash: pod_hash,
+        checkpoint_spec_hash: None,
+        mismatches: Vec::new(),
+    };
+    let permitted = match &requester {
+        Requester::WorkloadController => true,
+        Requester::Direct { may_restore, .. } => *may_restore,
+    };
+    let Some(policy) = policy.filter(|_| permitted) else {
+        // Nothing to claim: no policy checkpoints this pod, or its creator may not restore.
+        let Decision::ColdStart { reason } = decide(&inputs) else {
+            return Err(Error::Missing("a restore without a claim"));
+        };
+        cold(&mut m, reason.label(), reason.to_string());
+        return Ok(Some(patch(original, &m)));
+    };
+    let token = new_token();
+    let outcome =
+        claim_and_decide(hook, &ns, &pod, &workload, &token, &policy, &mut inputs).await?;
+    m.labels
+        .insert(CLAIM_TOKEN_ANNOTATION.into(), token.clone());
+    m.annotations.insert(CLAIM_TOKEN_ANNOTATION.into(), token);
+    m.annotations.insert(
+        LINEAGE_ANNOTATION.into(),
+        outcome.lineage.as_str().to_owned(),
+    );
+    m.annotations
+        .insert(GENERATION_ANNOTATION.into(), outcome.generation.to_string());
+    match outcome.decision {
+        Decision::Restore {
+            lineage,
+            checkpoint,
+            ..
+        } => {
+            let reference = format!("{lineage}/{checkpoint}");
+            tracing::info!(namespace = %ns, workload = %workload, checkpoint = %reference, "restore decided");
+            hook.metrics.admitted("Restore", "Restore");
+            m.annotations
+                .insert(DECISION_ANNOTATION.into(), "Restore".into());
+            m.annotations
+                .insert(RESTORE_FROM_ANNOTATION.into(), reference);
+            let node_requirements = node_requirements(&hook.client, outcome.checkpoint_node).await;
+            m.restore = Some(RestoreMutation {
+                node_requirements,
+                wait: hook.cfg.wait.clone(),
+            });
+        }
+        Decision::ColdStart { reason } => {
+            tracing::info!(namespace = %ns, workload = %workload, reason = %reason, "cold start decided");
+            cold(&mut m, reason.label(), reason.to_string());
+        }
+    }
+    Ok(Some(patch(original, &m)))
+}
+
+/// A random claim token: 32 hex digits (a valid label value).
+fn new_token() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}
+
+/// SubjectAccessReview: may this user create `podrestores.stasis.dev` in the namespace?
+async fn may_restore(
+    client: &Client,
+    ns: &str,
+    user: &k8s_openapi::api::authentication::v1::UserInfo,
+) -> Result<bool> {
+    let sar = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            uid: user.uid.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.to_owned()),
+                verb: Some("create".into()),
+                group: Some(stasis_api::GROUP.into()),
+                resource: Some("podrestores".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &sar)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Node labels a restoring pod needs: an agent ready to restore, the checkpointing node's CPU
+/// architecture and GPU driver branch (when that node is still known).
+async fn node_requirements(client: &Client, node: Option<String>) -> Vec<(String, Vec<String>)> {
+    let mut reqs = vec![(READY_NODE_LABEL.to_owned(), vec!["true".to_owned()])];
+    let Some(node) = node else { return reqs };
+    if let Ok(Some(n)) = Api::<Node>::all(client.clone()).get_opt(&node).await {
+        let labels = n.labels();
+        for key in [ARCH_LABEL, GPU_DRIVER_BRANCH_LABEL] {
+            if let Some(v) = labels.get(key) {
+                reqs.push((key.to_owned(), vec![v.clone()]));
+            }
+        }
+    }
+    reqs
+}
+
+/// The claim and the decision made under it.
+struct Outcome {
+    decision: Decision,
+    lineage: WorkloadName,
+    generation: u64,
+    /// Node that took the checkpoint to restore.
+    checkpoint_node: Option<String>,
+}
+
+/// The state of a lineage's holder, from the pods carrying its token and the checkpoints of the
+/// namespace. Returns the holder pod too (the source of a restore).
+pub fn holder_state(
+    record: &Record,
+    pods: &[Pod],
+    checkpoints: &[PodCheckpoint],
+    on_termination: bool,
+) -> (HolderState, Option<Pod>) {
+    let holder = record.holder.as_ref();
+    let token = record.lineage.holder.as_deref().unwrap_or_default();
+    let want_uid = holder.and_then(|h| h.uid.as_deref());
+    let pod = pods.iter().find(|p| {
+        p.labels().get(CLAIM_TOKEN_ANNOTATION).map(String::as_str) == Some(token)
+            && want_uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
+    });
+    let Some(pod) = pod else {
+        let seen = holder.is_some_and(|h| h.uid.is_some());
+        if !seen {
+            return (HolderState::Unseen, None);
+        }
+        let uid = want_uid.unwrap_or_default();
+        let final_in_flight = checkpoints.iter().any(|c| {
+            c.spec.reason == CheckpointReason::Termination
+                && checkpoint_pod_uid(c).as_deref() == Some(uid)
+                && CheckpointView::of(c).in_flight()
+        });
+        return (HolderState::Gone { final_in_flight }, None);
+    };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let state = if let Some(del) = &pod.metadata.deletion_timestamp {
+        let deadline = time_ms(del);
+        let grace = pod
+            .metadata
+            .deletion_grace_period_seconds
+            .unwrap_or(30)
+            .max(0) as u64;
+        HolderState::Terminating {
+            started_unix_ms: deadline.saturating_sub(grace * 1000),
+            // Slack for the agent to report the checkpoint it finished at the deadline.
+            deadline_unix_ms: deadline + 5_000,
+            final_expected: on_termination && phase == Some("Running"),
+        }
+    } else if matches!(phase, Some("Failed" | "Succeeded")) {
+        HolderState::Ended
+    } else {
+        HolderState::Running
+    };
+    (state, Some(pod.clone()))
+}
+
+/// The UID of a checkpoint's source pod (spec, label or status).
+pub fn checkpoint_pod_uid(c: &PodCheckpoint) -> Option<String> {
+    c.spec
+        .source_pod_uid
+        .clone()
+        .or_else(|| c.labels().get(POD_UID_LABEL).cloned())
+        .or_else(|| c.status.as_ref().and_then(|s| s.source_pod_uid.clone()))
+}
+
+/// Declared versions that differ between the source pod and the new one.
+pub fn declared_mismatches(source: &Pod, pod: &Pod) -> Vec<Mismatch> {
+    let a = declared(source.labels(), source.annotations());
+    let b = declared(pod.labels(), pod.annotations());
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| Mismatch {
+            field: format!("declared.{k}"),
+            recorded: a.get(k).cloned().unwrap_or_else(|| "(none)".into()),
+            found: b.get(k).cloned().unwrap_or_else(|| "(none)".into()),
+        })
+        .collect()
+}
+
+/// Claims a lineage for `token` (waiting, within `final_wait`, for a source's in-flight final
+/// checkpoint), decides, and stores the claim with the decision in the lineage record, retrying
+/// from a fresh read when another writer got there first.
+async fn claim_and_decide(
+    hook: &Webhook,
+    ns: &str,
+    pod: &Pod,
+    workload: &WorkloadName,
+    token: &str,
+    policy: &CheckpointPolicy,
+    inputs: &mut RestoreInputs,
+) -> Result<Outcome> {
+    let pods_api = Api::<Pod>::namespaced(hook.client.clone(), ns);
+    let cks_api = Api::<PodCheckpoint>::namespaced(hook.client.clone(), ns);
+    let started = Instant::now();
+    let phantom = hook.cfg.phantom_after.as_millis() as u64;
+    for _attempt in 0..50 {
+        let mut recs = hook.records.of_workload(workload).await?;
+        let checkpoints = cks_api.list(&ListParams::default()).await?.items;
+        let now = now_ms();
+        // Bring the records up to date with their holders (orphaning stopped pods, noting
+        // in-flight final checkpoints), remembering the holder pods: one may be the source.
+        let mut holder_pods: BTreeMap<usize, Pod> = BTreeMap::new();
+        let mut conflict = false;
+        for (i, r) in recs.iter_mut().enumerate() {
+            let Some(token) = r.lineage.holder.clone() else {
+                continue;
+            };
+            if r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none() {
+                continue;
+            }
+            let lp = ListParams::default().labels(&format!("{CLAIM_TOKEN_ANNOTATION}={token}"));
+            let pods = pods_api.list(&lp).await?.items;
+            let (state, holder_pod) =
+                holder_state(r, &pods, &checkpoints, policy.spec.on_termination);
+            if let Some(p) = holder_pod {
+                holder_pods.insert(i, p);
+            }
+            if refresh(r, &state, now, phantom) {
+                match hook.records.save(r).await {
+                    Ok(saved) => *r = saved,
+                    Err(Error::Conflict(_)) => {
+                        conflict = true;
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if conflict {
+            continue;
+        }
+        let mut lineages: Vec<Lineage> = recs.iter().map(|r| r.lineage.clone()).collect();
+        if claim_wait(&lineages, workload, now).is_some() && started.elapsed() < hook.cfg.final_wait
+        {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let (mut record, source) = match claim(&mut lineages, workload, token) {
+            Some(c) => {
+                let i = lineages
+                    .iter()
+                    .position(|l| l.id == c.lineage)
+                    .ok_or(Error::Missing("claimed lineage vanished"))?;
+                let mut rec = recs[i].clone();
+                let source_pod_name = rec.holder.as_ref().and_then(|h| h.pod.clone());
+                rec.lineage = lineages[i].clone();
+                inputs.claim = Some(c);
+                (rec, (holder_pods.remove(&i), source_pod_name))
+            }
+            None => {
+                inputs.claim = None;
+                let l = Lineage::start(workload, token, &lineages);
+                (Record::new(ns, l, None), (None, None))
+            }
+        };
+        let (mut source_pod, source_name) = source;
+        if source_pod.is_none() {
+            // Orphaned earlier (by the controller): the source pod may still be there.
+            if let Some(name) = &source_name {
+                let want = record.holder.as_ref().and_then(|h| h.uid.clone());
+                source_pod = pods_api
+                    .get_opt(name)
+                    .await?
+                    .filter(|p| want.is_none() || p.metadata.uid == want);
+            }
+        }
+        inputs.last_exit = source_pod
+            .as_ref()
+            .map_or(LastExit::Unknown, podfacts::last_exit);
+        inputs.mismatches = source_pod
+            .as_ref()
+            .map(|s| declared_mismatches(s, pod))
+            .unwrap_or_default();
+        let mut checkpoint_node = None;
+        inputs.checkpoint_spec_hash = None;
+        if let Some(RestoreChoice::Checkpoint { id, .. }) = inputs.claim.as_ref().map(|c| &c.choice)
+        {
+            let reference = format!("{}/{}", record.lineage.id, id);
+            if let Some(s) = checkpoints
+                .iter()
+                .filter_map(|c| c.status.as_ref())
+                .find(|s| s.checkpoint_ref.as_deref() == Some(&reference))
+            {
+                inputs.checkpoint_spec_hash = s.spec_hash.clone().map(SpecHash);
+                checkpoint_node = s.node.clone();
+            }
+        }
+        let decision = decide(inputs);
+        let restore = match &decision {
+            Decision::Restore {
+                lineage,
+                checkpoint,
+                ..
+            } => Some(format!("{lineage}/{checkpoint}")),
+            Decision::ColdStart { .. } => None,
+        };
+        record.holder = Some(Holder {
+            token: token.to_owned(),
+            claimed_unix_ms: now,
+            pod: None,
+            uid: None,
+            restore,
+            source_pod: source_pod.map(|p| p.name_any()).or(source_name),
+        });
+        match hook.records.save(&record).await {
+            Ok(saved) => {
+                return Ok(Outcome {
+                    decision,
+                    lineage: saved.lineage.id.clone(),
+                    generation: saved.lineage.generation,
+                    checkpoint_node,
+                })
+            }
+            Err(Error::Conflict(_)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Conflict(format!(
+        "lineages of {workload}: too many concurrent writers"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn record_held_by(token: &str, uid: Option<&str>) -> Record {
+        let w = WorkloadName::new("prod_deploy_c").unwrap();
+        Record::new(
+            "prod",
+            Lineage::start(&w, token, &[]),
+            Some(Holder {
+                token: token.into(),
+                claimed_unix_ms: 0,
+                uid: uid.map(str::to_owned),
+                pod: uid.map(|_| "c-1".to_owned()),
+                ..Default::default()
+            }),
+        )
+    }
+
+    #[test]
+    fn holder_states() {
+        let r = record_held_by("tok", Some("u1"));
+        let running = pod(
+            json!({"metadata": {"name": "c-1", "uid": "u1", "labels": {CLAIM_TOKEN_ANNOTATION: "tok"}}, "status": {"phase": "Running"}}),
+        );
+        assert_eq!(
+            holder_state(&r, std::slice::from_ref(&running), &[], true).0,
+            HolderState::Running
+        );
+        let mut deleting = running.clone();
+        deleting.metadata.deletion_timestamp = Some(crate::k8s_time(40_000));
+        deleting.metadata.deletion_grace_period_seconds = Some(30);
+        assert_eq!(
+            holder_state(&r, &[deleting], &[], true).0,
+            HolderState::Terminating {
+                started_unix_ms: 10_000,
+                deadline_unix_ms: 45_000,
+                final_expected: true
+            }
+        );
+        // Another pod with a copied token but another UID is not the holder.
+        let mut impostor = running.clone();
+        impostor.metadata.uid = Some("u2".into());
+        assert_eq!(
+            holder_state(&r, &[impostor], &[], true).0,
+            HolderState::Gone {
+                final_in_flight: false
+            }
+        );
+        let fin: PodCheckpoint = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": "f", "namespace": "prod"},
+            "spec": {"sourcePodName": "c-1", "sourcePodUID": "u1", "reason": "Termination"},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        assert_eq!(
+            holder_state(&r, &[], &[fin], true).0,
+            HolderState::Gone {
+                final_in_flight: true
+            }
+        );
+        // A fresh claim whose pod is not there yet.
+        let fresh = record_held_by("tok", None);
+        assert_eq!(holder_state(&fresh, &[], &[], true).0, HolderState::Unseen);
+        let mut failed = running;
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        assert_eq!(holder_state(&r, &[failed], &[], true).0, HolderState::Ended);
+    }
+
+    #[test]
+    fn declared_version_mismatches() {
+        let a =
+            pod(json!({"metadata": {"labels": {"declare.stasis.dev/engine": "v1", "app": "x"}}}));
+        let b =
+            pod(json!({"metadata": {"labels": {"declare.stasis.dev/engine": "v2", "app": "x"}}}));
+        let m = declared_mismatches(&a, &b);
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (
+                m[0].field.as_str(),
+                m[0].recorded.as_str(),
+                m[0].found.as_str()
+            ),
+            ("declared.engine", "v1", "v2")
+        );
+        assert!(declared_mismatches(&a, &a).is_empty());
+    }
+
+    #[test]
+    fn tokens_are_label_values() {
+        let t = new_token();
+        assert_eq!(t.len(), 32);
+        assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(t, new_token());
+    }
+}
