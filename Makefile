@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images demo test lint unit integration e2e bench clean cluster-up cluster-down
+.PHONY: help setup build images platform demo test lint unit integration e2e bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,7 +28,10 @@ lint: ## formatting, clippy and CRD drift, as CI runs them
 unit: ## unit tests (no privileges needed)
 	$(CARGO) test --locked --workspace --lib --bins
 
-integration: setup images ## integration tests with real CRIU and runc (root)
+platform: ## build Kubernetes, containerd, etcd, CoreDNS, Helm, s3s-fs from source (cached in ~/.cache/stasis)
+	scripts/build-platform
+
+integration: setup images platform ## integration tests: real CRIU, runc, S3 server, kube-apiserver (root)
 	CI=$${CI:-} tini -s -- $(CARGO) test --locked --workspace --test '*' -- --test-threads=1
 	@echo "GPU script self-test: MOCK GPU (no GPU on this machine): fake torch and driver, real CRIU and stasis"
 	$(CARGO) build --locked -p stasis-cli

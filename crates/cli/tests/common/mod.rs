@@ -59,6 +59,8 @@ pub struct World {
     pub runc_root: PathBuf,
     pub store: String,
     pub key: PathBuf,
+    /// Extra environment for `stasis` (e.g. S3 credentials).
+    pub env: Vec<(String, String)>,
     containers: Vec<String>,
 }
 
@@ -76,6 +78,7 @@ impl World {
             runc_root,
             store,
             key,
+            env: Vec::new(),
             containers: Vec::new(),
         };
         w.stasis(&["key", "generate", w.key.to_str().unwrap()]).ok();
@@ -94,6 +97,7 @@ impl World {
             .env("STASIS_KEY_FILE", &self.key)
             .env("STASIS_RUNC_ROOT", &self.runc_root)
             .env("STASIS_WORK_DIR", self.dir.path().join("work"))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
             .unwrap();
