@@ -6,7 +6,7 @@ CARGO ?= cargo
 .PHONY: help setup build images platform demo test lint unit integration e2e bench clean cluster-up cluster-down
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 setup: ## install CRIU >= 4.2, runc, iptables, tini... (idempotent)
 	@scripts/setup
