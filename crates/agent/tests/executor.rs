@@ -1,0 +1,581 @@
+//! The agent's executor and node-api server with real runc and CRIU, against a counter
+//! container whose bundle carries CRI annotations (as containerd writes them), with a `file://`
+//! store:
+//!
+//! - `final_checkpoint` over the agent's socket (what `stasis-runc kill` sends) → the executor
+//!   finds the container, checkpoints it and uploads it;
+//! - the preparer fetches and verifies it for a replacement pod and writes the per-pod plan file;
+//! - `stasis-runc create` + `start` (crates/runtime) restore it and the count continues; the
+//!   wrapper's `restored` report reaches the agent, which forgets the images;
+//! - the `stasisd` binary's RSS, idle and while it checkpoints a counter (`STASIS_AGENT_RSS_MB`,
+//!   default 256; the design goal is measured with 2048).
+//!
+//! Needs root, CRIU >= 4.2, runc, the counter image (`scripts/build-counter-image`) and the
+//! `stasis-runc` binary (built by `cargo build --workspace`, or `STASIS_RUNC_UNDER_TEST`); run
+//! under a reaping subreaper (`make integration` uses `tini -s`). Without them each test prints
+//! SKIPPED (and fails when `CI` is set).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stasis_agent::executor::{Executor, ExecutorConfig, PrepareJob, StaticKey};
+use stasis_agent::metrics::Metrics;
+use stasis_agent::node::{Agent, Busy, Standalone};
+use stasis_engine::runc::Runc;
+use stasis_node_api::{CheckpointAnswer, Client, FinalCheckpointRequest, PodRef};
+use stasis_store::{Key, Store};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// `stasis-runc`: `$STASIS_RUNC_UNDER_TEST`, else next to this test's binary's directory.
+fn wrapper_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("STASIS_RUNC_UNDER_TEST") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("stasis-runc");
+    p.exists().then_some(p)
+}
+
+fn ready(test: &str) -> bool {
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let rootfs = repo().join("target/images/counter/rootfs/stasis-counter");
+    let why = if !is_root {
+        Some("not running as root".to_owned())
+    } else if let Err(e) = stasis_engine::tools::criu_checked() {
+        Some(e.to_string())
+    } else if stasis_engine::tools::which("runc").is_none() {
+        Some("runc is not installed (scripts/setup)".to_owned())
+    } else if !rootfs.exists() {
+        Some(format!(
+            "{} is missing (scripts/build-counter-image)",
+            rootfs.display()
+        ))
+    } else if wrapper_binary().is_none() {
+        Some("stasis-runc is not built (cargo build -p stasis-runtime)".to_owned())
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(w) if std::env::var_os("CI").is_some() => panic!("{test} cannot run in CI: {w}"),
+        Some(w) => {
+            eprintln!("SKIPPED {test}: needs root, CRIU >= 4.2, runc, the counter image and stasis-runc: {w}");
+            false
+        }
+    }
+}
+
+/// One test's world: a temp dir (bundles, store, images, run dir), its own runc root under
+/// /run, and every container it made, removed on drop.
+struct World {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    containers: Vec<String>,
+}
+
+impl World {
+    fn new(name: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("stasis-agent-it-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let root = PathBuf::from(format!(
+            "/run/stasis-agent-test-{name}-{}",
+            std::process::id()
+        ));
+        Self {
+            dir,
+            root,
+            containers: Vec::new(),
+        }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.p("run")
+    }
+
+    fn runc(&self) -> Runc {
+        Runc::new(Some(&self.root)).unwrap()
+    }
+
+    /// A counter bundle with the CRI annotations containerd gives a pod's app container.
+    fn cri_bundle(&self, name: &str, env: &[&str], pod_uid: &str, pod_name: &str) -> PathBuf {
+        let b = self.p(name);
+        let out = Command::new(repo().join("scripts/make-bundle"))
+            .arg(&b)
+            .args(env)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "make-bundle: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cfg_path = b.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+        for (k, v) in [
+            ("io.kubernetes.cri.container-type", "container"),
+            ("io.kubernetes.cri.sandbox-uid", pod_uid),
+            ("io.kubernetes.cri.sandbox-namespace", "default"),
+            ("io.kubernetes.cri.sandbox-name", pod_name),
+            ("io.kubernetes.cri.container-name", "counter"),
+        ] {
+            cfg["annotations"][k] = serde_json::json!(v);
+        }
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        b
+    }
+
+    /// `runc run -d` with stdout/stderr on pipes (as a shim gives them); stdout lines collect.
+    fn run_piped(&mut self, bundle: &Path, id: &str) -> Arc<Mutex<Vec<String>>> {
+        self.containers.push(id.to_owned());
+        let mut child = Command::new("runc")
+            .arg("--root")
+            .arg(&self.root)
+            .args(["run", "-d", "--bundle"])
+            .arg(bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let l2 = lines.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(l);
+            }
+        });
+        std::thread::spawn(move || for _ in BufReader::new(err).lines().map_while(Result::ok) {});
+        let st = child.wait().unwrap();
+        assert!(st.success(), "runc run {id}: {st}");
+        lines
+    }
+
+    fn executor(&self, rt: &tokio::runtime::Runtime) -> Arc<Executor> {
+        let store = Store::open(&format!("file://{}", self.p("store").display())).unwrap();
+        Arc::new(Executor::new(
+            ExecutorConfig {
+                runc_root: self.root.clone(),
+                work_dir: self.p("work"),
+                images_dir: self.p("images"),
+                plans_dir: self.run_dir().join("plans"),
+                node_name: "test-node".into(),
+                plan_ttl: Duration::from_secs(600),
+                tcp_established: true,
+            },
+            Arc::new(store),
+            Arc::new(StaticKey(Key::random())),
+            rt.handle().clone(),
+            Arc::new(Metrics::default()),
+        ))
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let r = self.runc();
+        for id in self.containers.iter().rev() {
+            let _ = r.delete_force(id);
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn count_of(line: &str) -> Option<u64> {
+    line.strip_prefix("count=")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn last_count(lines: &Mutex<Vec<String>>) -> Option<u64> {
+    lines.lock().unwrap().iter().rev().find_map(|l| count_of(l))
+}
+
+fn wait_counts(lines: &Mutex<Vec<String>>, n: u64) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while last_count(lines).unwrap_or(0) < n {
+        assert!(Instant::now() < until, "the counter does not count");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
+    if !ready("final_checkpoint_then_prepared_restore_through_the_wrapper") {
+        return;
+    }
+    let mut w = World::new("exec");
+    let rt = runtime();
+    let exec = w.executor(&rt);
+    let env = ["STATE_MB=16", "INTERVAL_MS=100"];
+
+    // The source pod's app container.
+    let b1 = w.cri_bundle("b1", &env, "uid-source-1", "counter-a");
+    let lines = w.run_piped(&b1, "c1");
+    wait_counts(&lines, 5);
+    std::fs::write(b1.join("rootfs/note.txt"), "written before the checkpoint").unwrap();
+
+    // The agent's socket, as stasis-runc's `kill` reaches it.
+    let sock = w.run_dir().join("agent.sock");
+    let listener = stasis_node_api::server::bind(&sock).unwrap();
+    let agent = Arc::new(Agent {
+        exec: exec.clone(),
+        cluster: Arc::new(Standalone),
+        busy: Arc::new(Busy::default()),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = stasis_agent::server::serve(listener, agent.clone(), stop.clone());
+
+    let before = last_count(&lines).unwrap();
+    let t = Instant::now();
+    let answer = Client::new(&sock)
+        .final_checkpoint(FinalCheckpointRequest {
+            container_id: "c1".into(),
+            pod: PodRef::default(),
+            deadline_ms: 30_000,
+        })
+        .expect("final_checkpoint");
+    let took = t.elapsed();
+    let CheckpointAnswer::Done { checkpoint_ref } = answer else {
+        panic!("final checkpoint: {answer:?}");
+    };
+    let after = last_count(&lines).unwrap();
+    eprintln!(
+        "final checkpoint {checkpoint_ref} in {} ms (count {before}..{after})",
+        took.as_millis()
+    );
+    assert!(
+        checkpoint_ref.starts_with("default_pod_counter-a."),
+        "{checkpoint_ref}"
+    );
+    // The source is stopped now (SIGKILL, as after a grace period).
+    w.runc().delete_force("c1").unwrap();
+
+    // The replacement pod: the agent prepares the restore (fetch, verify, plan file). Its
+    // bundle carries the image digest the checkpoint recorded (make-bundle's annotation).
+    let b2 = w.cri_bundle("b2", &env, "uid-replacement-2", "counter-b");
+    let digest = stasis_engine::restore::bundle_image_digest(&b2).unwrap();
+    assert!(digest.is_some());
+    let prepared = exec
+        .prepare(&PrepareJob {
+            reference: checkpoint_ref.parse().unwrap(),
+            namespace: "default".into(),
+            pod_uid: "uid-replacement-2".into(),
+            container_name: None,
+            spec_hash: None,
+            image_digest: digest,
+            declared: BTreeMap::new(),
+        })
+        .expect("prepare");
+    assert_eq!(prepared.container_name, "counter");
+    assert_eq!(
+        prepared.plan_path,
+        w.run_dir().join("plans/pod_uid-replacement-2_counter.json")
+    );
+    assert!(prepared.image_dir.join("criu/inventory.img").exists());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&w.p("images")), 0o700);
+    assert_eq!(mode(&w.p("images/uid-replacement-2")), 0o700);
+    let stamp = stasis_node_api::planfile::read_verified_stamp(&prepared.image_dir)
+        .unwrap()
+        .unwrap();
+    assert_eq!(stamp.checkpoint_ref, checkpoint_ref);
+    // The same answer over the socket.
+    let plan = Client::new(&sock)
+        .restore_plan(stasis_node_api::RestorePlanRequest {
+            container_id: "c2".into(),
+            pod: PodRef {
+                pod_uid: "uid-replacement-2".into(),
+                container_name: "counter".into(),
+                ..Default::default()
+            },
+        })
+        .unwrap();
+    assert!(
+        matches!(&plan, stasis_node_api::PlanAnswer::Plan(p) if p.checkpoint_ref == checkpoint_ref),
+        "{plan:?}"
+    );
+
+    // The shim's calls through the wrapper: create (restores), start (no-op).
+    w.containers.push("c2".into());
+    let globals = [
+        "--root".to_owned(),
+        w.root.display().to_string(),
+        "--log".to_owned(),
+        w.p("log.json").display().to_string(),
+        "--log-format".to_owned(),
+        "json".to_owned(),
+    ];
+    let wrapper = wrapper_binary().unwrap();
+    let mut child = Command::new(&wrapper)
+        .env("STASIS_RUN_DIR", w.run_dir())
+        .env_remove("STASIS_REAL_RUNC")
+        .env_remove("STASIS_AGENT_SOCKET")
+        .env_remove("STASIS_RUNC_PASSTHROUGH")
+        .args(&globals)
+        .arg("create")
+        .arg("--bundle")
+        .arg(&b2)
+        .arg("--pid-file")
+        .arg(w.p("c2.pid"))
+        .arg("c2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(w.p("c2.stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let st = child.wait().unwrap();
+    assert!(
+        st.success(),
+        "create: {st}; log: {}",
+        std::fs::read_to_string(w.p("log.json")).unwrap_or_default()
+    );
+    let st = Command::new(&wrapper)
+        .env("STASIS_RUN_DIR", w.run_dir())
+        .args(&globals)
+        .args(["start", "c2"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "start");
+    let first = loop {
+        let l = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("no line from the restored container");
+        if let Some(c) = count_of(&l) {
+            assert!(l.contains("state=ok"), "{l}");
+            break c;
+        }
+    };
+    eprintln!("restored container's first count: {first} (source counted {before}..{after} around the checkpoint)");
+    assert!(
+        first > before && first <= after + 1,
+        "first={first}, before={before}, after={after}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(b2.join("rootfs/note.txt")).unwrap(),
+        "written before the checkpoint"
+    );
+
+    // The wrapper's report reached the agent: counted, and the images are gone.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = exec.metrics.render();
+        if m.contains("stasis_agent_restores_total{result=\"restored\"} 1") {
+            assert!(m.contains("stasis_agent_checkpoints_total{result=\"succeeded\"} 1"));
+            break;
+        }
+        assert!(Instant::now() < until, "no restored report: {m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let until = Instant::now() + Duration::from_secs(2);
+    while prepared.image_dir.exists() {
+        assert!(
+            Instant::now() < until,
+            "images not removed after the restore"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // An incompatible target (a declared engine version the checkpoint lacks) is refused
+    // before anything is fetched: no images, no plan.
+    let e = exec
+        .prepare(&PrepareJob {
+            reference: checkpoint_ref.parse().unwrap(),
+            namespace: "default".into(),
+            pod_uid: "uid-other-3".into(),
+            container_name: None,
+            spec_hash: None,
+            image_digest: stasis_engine::restore::bundle_image_digest(&b2).unwrap(),
+            declared: BTreeMap::from([("engine".to_owned(), "v2".to_owned())]),
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("declared.engine"), "{e}");
+    assert!(!w.p("images/uid-other-3").exists());
+    assert!(!w
+        .run_dir()
+        .join("plans/pod_uid-other-3_counter.json")
+        .exists());
+
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stasis_agent::server::wake(&sock);
+    server.join().unwrap();
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn stasisd_rss_idle_and_while_checkpointing() {
+    if !ready("stasisd_rss_idle_and_while_checkpointing") {
+        return;
+    }
+    let mb: u64 = std::env::var("STASIS_AGENT_RSS_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let mut w = World::new("rss");
+    Key::generate(&w.p("key")).unwrap();
+    let sock = w.run_dir().join("agent.sock");
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_stasisd"))
+        .args(["--standalone", "--store"])
+        .arg(format!("file://{}", w.p("store").display()))
+        .arg("--key-file")
+        .arg(w.p("key"))
+        .arg("--runc-root")
+        .arg(&w.root)
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--plans-dir")
+        .arg(w.run_dir().join("plans"))
+        .arg("--images-dir")
+        .arg(w.p("images"))
+        .arg("--work-dir")
+        .arg(w.p("work"))
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(w.p("stasisd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let pid = agent.id();
+    let until = Instant::now() + Duration::from_secs(10);
+    while Client::new(&sock).ping().is_err() {
+        assert!(
+            Instant::now() < until && agent.try_wait().unwrap().is_none(),
+            "stasisd did not come up: {}",
+            std::fs::read_to_string(w.p("stasisd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let agent = Kill(agent);
+    std::thread::sleep(Duration::from_millis(500));
+    let idle = rss_kib(pid, "VmRSS:");
+
+    let b = w.cri_bundle(
+        "big",
+        &[&format!("STATE_MB={mb}"), "INTERVAL_MS=200"],
+        "uid-rss",
+        "big",
+    );
+    let lines = w.run_piped(&b, "big");
+    // The counter fills its state before it counts.
+    let until = Instant::now() + Duration::from_secs(120);
+    while last_count(&lines).is_none() {
+        assert!(Instant::now() < until, "the counter never counted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            while sampling.load(std::sync::atomic::Ordering::SeqCst) {
+                peak.fetch_max(rss_kib(pid, "VmRSS:"), std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let t = Instant::now();
+    let answer = Client::new(&sock)
+        .final_checkpoint(FinalCheckpointRequest {
+            container_id: "big".into(),
+            pod: PodRef::default(),
+            deadline_ms: 300_000,
+        })
+        .expect("final_checkpoint");
+    let took = t.elapsed();
+    sampling.store(false, std::sync::atomic::Ordering::SeqCst);
+    sampler.join().unwrap();
+    let hwm = rss_kib(pid, "VmHWM:");
+    let busy = peak.load(std::sync::atomic::Ordering::SeqCst).max(hwm);
+    let after = rss_kib(pid, "VmRSS:");
+    eprintln!(
+        "stasisd RSS: idle {} MiB, peak while checkpointing {mb} MiB {} MiB (VmHWM {} MiB), after {} MiB; checkpoint took {} ms: {answer:?}",
+        idle / 1024,
+        busy / 1024,
+        hwm / 1024,
+        after / 1024,
+        took.as_millis()
+    );
+    assert!(
+        matches!(answer, CheckpointAnswer::Done { .. }),
+        "{answer:?}: {}",
+        std::fs::read_to_string(w.p("stasisd.log")).unwrap_or_default()
+    );
+    // /metrics answers and counts the checkpoint.
+    let body = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut b = String::new();
+        s.read_to_string(&mut b).unwrap();
+        b
+    };
+    assert!(
+        body.contains("stasis_agent_checkpoints_total{result=\"succeeded\"} 1"),
+        "{body}"
+    );
+    assert!(idle <= 64 * 1024, "idle RSS {idle} KiB > 64 MiB");
+    assert!(busy <= 256 * 1024, "busy RSS {busy} KiB > 256 MiB");
+    drop(agent);
+}
