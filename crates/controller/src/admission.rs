@@ -38,8 +38,10 @@ pub fn requester_without_review(user: &str, pod: &Pod) -> Option<Requester> {
 /// How the injected wait container is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaitConfig {
-    /// Image holding `stasis-controller` (its entrypoint).
+    /// Image holding `stasis-controller`.
     pub image: String,
+    /// Path of `stasis-controller` in that image.
+    pub command: String,
     /// Base URL of the controller's status endpoint (its Service, plain HTTP: the answer is a
     /// phase, nothing secret), e.g. `http://stasis-controller.stasis-system.svc:8080`.
     pub status_url: String,
@@ -70,6 +72,7 @@ pub fn wait_container(cfg: &WaitConfig) -> Container {
         name: WAIT_CONTAINER.to_owned(),
         image: Some(cfg.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
+        command: Some(vec![cfg.command.clone()]),
         args: Some(vec![
             "wait-restore".to_owned(),
             "--timeout-seconds".to_owned(),
@@ -247,6 +250,7 @@ mod tests {
     fn wait_cfg() -> WaitConfig {
         WaitConfig {
             image: "stasis-controller:dev".into(),
+            command: "/usr/local/bin/stasis-controller".into(),
             status_url: "http://stasis-controller.stasis-system.svc:8080".into(),
             timeout_seconds: 180,
         }

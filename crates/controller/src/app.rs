@@ -23,7 +23,8 @@ use crate::webhook::{Webhook, WebhookConfig};
 #[command(
     name = "stasis-controller",
     version,
-    about = "stasis controller and admission webhook"
+    about = "stasis controller and admission webhook",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
     /// Log as JSON lines.
@@ -36,10 +37,11 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once
 pub enum Command {
     /// Run the controller and the webhook (the default).
-    Run,
-    /// The init container of a restoring pod: wait until the node's agent has the archive.
+    Run(RunArgs),
+    /// The init container of a restoring pod: wait until its archive is ready on the node.
     WaitRestore(WaitRestoreArgs),
 }
 
@@ -80,7 +82,14 @@ pub struct RunArgs {
     /// Do not serve the webhook.
     #[arg(long)]
     pub no_webhook: bool,
-    /// Image of the injected wait container (this binary is its entrypoint).
+    /// Path of this binary in the wait image.
+    #[arg(
+        long,
+        env = "STASIS_WAIT_COMMAND",
+        default_value = "/usr/local/bin/stasis-controller"
+    )]
+    pub wait_command: String,
+    /// Image of the injected wait container (holds this binary).
     #[arg(
         long,
         env = "STASIS_WAIT_IMAGE",
@@ -150,6 +159,9 @@ pub fn wait_restore(a: &WaitRestoreArgs) {
 /// Runs the webhook and metrics servers on every replica, and the reconcilers while this
 /// replica holds the lease. Returns when the reconcilers stop (signal) or leadership is lost.
 pub async fn run(a: RunArgs) -> anyhow::Result<()> {
+    // Both of rustls's providers are linked (the store's HTTP client brings aws-lc-rs); the
+    // process uses ring, like the Kubernetes client.
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default().await?;
     let metrics = Metrics::default();
     tokio::spawn(server::serve_metrics(
@@ -171,6 +183,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
                 runtime_class: a.runtime_class.clone(),
                 wait: WaitConfig {
                     image: a.wait_image.clone(),
+                    command: a.wait_command.clone(),
                     status_url: a.status_url.clone(),
                     timeout_seconds: a.restore_wait_seconds,
                 },
@@ -225,4 +238,31 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines() {
+        let c = Cli::try_parse_from(["stasis-controller", "run", "--no-webhook", "--lease-name=x"])
+            .unwrap();
+        match c.command {
+            Some(Command::Run(a)) => assert!(a.no_webhook && a.lease_name == "x"),
+            other => panic!("{other:?}"),
+        }
+        let c = Cli::try_parse_from(["stasis-controller", "--no-webhook"]).unwrap();
+        assert!(c.command.is_none() && c.run.no_webhook);
+        let c = Cli::try_parse_from([
+            "stasis-controller",
+            "wait-restore",
+            "--status-url=http://x:8080",
+            "--namespace=n",
+            "--pod=p",
+            "--timeout-seconds=5",
+        ])
+        .unwrap();
+        assert!(matches!(c.command, Some(Command::WaitRestore(ref w)) if w.timeout_seconds == 5));
+    }
 }

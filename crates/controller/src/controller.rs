@@ -272,7 +272,8 @@ async fn report_decision(
                     };
                     let api = Api::<PodRestore>::namespaced(ctx.client.clone(), &ns);
                     match api.create(&PostParams::default(), &restore).await {
-                        Ok(_) | Err(kube::Error::Api(_)) => {}
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
                         Err(e) => return Err(e.into()),
                     }
                     let mut status = PodRestoreStatus {
@@ -657,6 +658,21 @@ async fn apply_retention(mut r: Record, ck: &PodCheckpoint, ctx: &Context) -> Re
     Ok(())
 }
 
+/// A restore failure reduced to something comparable (`stasis_core::lineage`'s loop guard
+/// counts equal signatures): `restore: <first clause of the message>`, without the
+/// `cold start:` prefix every failure message shares.
+pub fn failure_signature(message: &str) -> String {
+    let m = message.trim();
+    let m = m
+        .strip_prefix("cold start:")
+        .or_else(|| m.strip_prefix("cold start"))
+        .unwrap_or(m)
+        .trim();
+    let first = m.split([':', '\n', ';']).next().unwrap_or("").trim();
+    let first = if first.is_empty() { "unknown" } else { first };
+    format!("restore: {first}").chars().take(80).collect()
+}
+
 /// `PodRestore`s: outcomes feed the restore-loop guard of the lineage, once each.
 pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciled("restores");
@@ -684,13 +700,7 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         Some(RestorePhase::Restored) => r.lineage.record_restore_success(),
         Some(RestorePhase::Failed) | Some(RestorePhase::ColdStart) => {
             let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
-            let signature: String = format!(
-                "restore: {}",
-                message.split([':', '\n']).next().unwrap_or("")
-            )
-            .chars()
-            .take(80)
-            .collect();
+            let signature = failure_signature(&message);
             r.lineage.record_restore_failure(&id, &signature);
         }
         _ => return Ok(Action::await_change()),
@@ -942,4 +952,41 @@ pub async fn run(setup: Setup) -> Result<()> {
 /// The workload key of a pod, for tests and logs.
 pub fn workload_of(pod: &Pod) -> Option<WorkloadName> {
     podfacts::workload_identity(pod).ok().map(|w| w.key())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_signatures() {
+        assert_eq!(
+            failure_signature("cold start: fetch failed: boom"),
+            "restore: fetch failed"
+        );
+        assert_eq!(
+            failure_signature("incompatible checkpoint: declared.engine: v1 vs v2"),
+            "restore: incompatible checkpoint"
+        );
+        assert_eq!(failure_signature(""), "restore: unknown");
+        assert_eq!(failure_signature(&"x".repeat(200)).len(), 80);
+    }
+
+    #[test]
+    fn checkpoint_lineage_from_status_or_annotations() {
+        let mut c: PodCheckpoint = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": "c", "namespace": "n",
+                         "annotations": {LINEAGE_ANNOTATION: "l.1", GENERATION_ANNOTATION: "2"}},
+            "spec": {"sourcePodName": "p"}
+        }))
+        .unwrap();
+        assert_eq!(checkpoint_lineage(&c), Some(("l.1".into(), 2)));
+        c.status = Some(PodCheckpointStatus {
+            lineage: Some("l.2".into()),
+            generation: Some(5),
+            ..Default::default()
+        });
+        assert_eq!(checkpoint_lineage(&c), Some(("l.2".into(), 5)));
+    }
 }
