@@ -47,12 +47,14 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Namespace stasis runs in (lineage records and the leader lease live there).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "stasis-system")]
-    pub namespace: String,
-    /// This replica's name (the lease holder identity, the Events' reporting instance).
-    #[arg(long, env = "POD_NAME", default_value = "stasis-controller")]
-    pub identity: String,
+    /// Namespace stasis runs in (lineage records and the leader lease live there); default: the
+    /// service account's namespace (in a pod) or the kubeconfig context's.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// This replica's name (the lease holder identity, the Events' reporting instance);
+    /// default: the host name.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
     /// RuntimeClass of opted-in pods.
     #[arg(long, env = "STASIS_RUNTIME_CLASS", default_value = "stasis")]
     pub runtime_class: String,
@@ -163,6 +165,16 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     // process uses ring, like the Kubernetes client.
     let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default().await?;
+    let namespace = a
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let identity = a
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "stasis-controller".to_owned());
+    tracing::info!(%namespace, %identity, "starting");
     let metrics = Metrics::default();
     tokio::spawn(server::serve_metrics(
         a.metrics_addr,
@@ -177,7 +189,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         };
         let hook = Arc::new(Webhook {
             client: client.clone(),
-            records: Records::new(client.clone(), &a.namespace),
+            records: Records::new(client.clone(), &namespace),
             metrics: metrics.clone(),
             cfg: WebhookConfig {
                 runtime_class: a.runtime_class.clone(),
@@ -202,11 +214,11 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         Some(url) => Some(stasis_store::Store::open(url)?),
         None => None,
     };
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &a.namespace);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
     let lease = LeaseConfig {
-        namespace: a.namespace.clone(),
+        namespace: namespace.clone(),
         name: a.lease_name.clone(),
-        identity: a.identity.clone(),
+        identity: identity.clone(),
         duration: Duration::from_secs(a.lease_seconds),
         renew_every: Duration::from_secs((a.lease_seconds / 3).max(1)),
     };
@@ -219,8 +231,8 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     tracing::info!(identity = %lease.identity, "leading");
     let setup = Setup {
         client,
-        namespace: a.namespace.clone(),
-        identity: a.identity.clone(),
+        namespace: namespace.clone(),
+        identity: identity.clone(),
         metrics: metrics.clone(),
         cfg: ControllerConfig {
             runtime_class: a.runtime_class.clone(),

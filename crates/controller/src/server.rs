@@ -16,7 +16,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
-use crate::webhook::{review, Webhook};
+use crate::webhook::{final_wait_budget, review, Webhook};
 
 fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     Response::builder()
@@ -164,10 +164,11 @@ pub async fn serve_webhook(
         async move {
             match (req.method(), req.uri().path()) {
                 (&Method::POST, "/mutate") => {
+                    let wait = final_wait_budget(hook.cfg.final_wait, req.uri().query());
                     // AdmissionReviews of pods are small; 4 MiB is the API server's own bound.
                     match Limited::new(req.into_body(), 4 << 20).collect().await {
                         Ok(body) => {
-                            let out = review(hook, &body.to_bytes()).await;
+                            let out = review(hook, &body.to_bytes(), wait).await;
                             reply(StatusCode::OK, "application/json", out)
                         }
                         Err(_) => reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body\n"),

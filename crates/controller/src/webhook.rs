@@ -51,8 +51,24 @@ pub struct Webhook {
     pub cfg: WebhookConfig,
 }
 
-/// Answers one AdmissionReview (the request body) with an AdmissionReview.
-pub async fn review(hook: Arc<Webhook>, body: &[u8]) -> Vec<u8> {
+/// How long an admission may wait for a final checkpoint: the configured wait, and at most the
+/// API server's own timeout for this call (its `?timeout=` query parameter, e.g. `10s`) less
+/// 3 s for the rest of the decision, so the answer always comes before the API server gives up.
+pub fn final_wait_budget(configured: Duration, query: Option<&str>) -> Duration {
+    let timeout = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix("timeout="))
+        .and_then(|t| stasis_core::policy::parse_duration(t).ok());
+    match timeout {
+        Some(t) => configured.min(t.saturating_sub(Duration::from_secs(3))),
+        None => configured,
+    }
+}
+
+/// Answers one AdmissionReview (the request body) with an AdmissionReview; `final_wait` is
+/// [`final_wait_budget`].
+pub async fn review(hook: Arc<Webhook>, body: &[u8], final_wait: Duration) -> Vec<u8> {
     let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
@@ -68,7 +84,7 @@ pub async fn review(hook: Arc<Webhook>, body: &[u8]) -> Vec<u8> {
         }
     };
     let mut resp = AdmissionResponse::from(&req);
-    match mutate(&hook, &req).await {
+    match mutate(&hook, &req, final_wait).await {
         Ok(Some(ops)) => match serde_json::from_value::<json_patch::Patch>(ops) {
             Ok(p) => match resp.clone().with_patch(p) {
                 Ok(r) => resp = r,
@@ -89,7 +105,11 @@ pub async fn review(hook: Arc<Webhook>, body: &[u8]) -> Vec<u8> {
 }
 
 /// The decision for one request: `None` for pods that are not stasis's concern.
-async fn mutate(hook: &Webhook, req: &AdmissionRequest<Pod>) -> Result<Option<serde_json::Value>> {
+async fn mutate(
+    hook: &Webhook,
+    req: &AdmissionRequest<Pod>,
+    final_wait: Duration,
+) -> Result<Option<serde_json::Value>> {
     if req.operation != Operation::Create || req.dry_run {
         return Ok(None);
     }
@@ -162,8 +182,17 @@ async fn mutate(hook: &Webhook, req: &AdmissionRequest<Pod>) -> Result<Option<se
         return Ok(Some(patch(original, &m)));
     };
     let token = new_token();
-    let outcome =
-        claim_and_decide(hook, &ns, &pod, &workload, &token, &policy, &mut inputs).await?;
+    let outcome = claim_and_decide(
+        hook,
+        &ns,
+        &pod,
+        &workload,
+        &token,
+        &policy,
+        &mut inputs,
+        final_wait,
+    )
+    .await?;
     m.labels
         .insert(CLAIM_TOKEN_ANNOTATION.into(), token.clone());
     m.annotations.insert(CLAIM_TOKEN_ANNOTATION.into(), token);
@@ -336,6 +365,7 @@ pub fn declared_mismatches(source: &Pod, pod: &Pod) -> Vec<Mismatch> {
 /// Claims a lineage for `token` (waiting, within `final_wait`, for a source's in-flight final
 /// checkpoint), decides, and stores the claim with the decision in the lineage record, retrying
 /// from a fresh read when another writer got there first.
+#[allow(clippy::too_many_arguments)]
 async fn claim_and_decide(
     hook: &Webhook,
     ns: &str,
@@ -344,6 +374,7 @@ async fn claim_and_decide(
     token: &str,
     policy: &CheckpointPolicy,
     inputs: &mut RestoreInputs,
+    final_wait: Duration,
 ) -> Result<Outcome> {
     let pods_api = Api::<Pod>::namespaced(hook.client.clone(), ns);
     let cks_api = Api::<PodCheckpoint>::namespaced(hook.client.clone(), ns);
@@ -386,8 +417,7 @@ async fn claim_and_decide(
             continue;
         }
         let mut lineages: Vec<Lineage> = recs.iter().map(|r| r.lineage.clone()).collect();
-        if claim_wait(&lineages, workload, now).is_some() && started.elapsed() < hook.cfg.final_wait
-        {
+        if claim_wait(&lineages, workload, now).is_some() && started.elapsed() < final_wait {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
@@ -568,6 +598,19 @@ mod tests {
             ("declared.engine", "v1", "v2")
         );
         assert!(declared_mismatches(&a, &a).is_empty());
+    }
+
+    #[test]
+    fn final_wait_fits_the_api_servers_timeout() {
+        let d = Duration::from_secs(20);
+        assert_eq!(final_wait_budget(d, None), d);
+        assert_eq!(final_wait_budget(d, Some("timeout=30s")), d);
+        assert_eq!(
+            final_wait_budget(d, Some("x=1&timeout=10s")),
+            Duration::from_secs(7)
+        );
+        assert_eq!(final_wait_budget(d, Some("timeout=2s")), Duration::ZERO);
+        assert_eq!(final_wait_budget(d, Some("timeout=1m0s")), d);
     }
 
     #[test]
