@@ -132,6 +132,18 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
 
     // The pod's lineage record: the one its token holds (registering the pod on first sight).
     let mut record = token.as_deref().and_then(|t| ctx.record_held_by(t));
+    if let (None, Some(t)) = (&record, token.as_deref()) {
+        // The record cache may lag behind the webhook's write (two watch streams): ask the API
+        // server before concluding the pod holds nothing.
+        if let Some(workload) = workload_of(&pod) {
+            record = ctx
+                .records
+                .of_workload(&workload)
+                .await?
+                .into_iter()
+                .find(|r| r.holder_token() == Some(t));
+        }
+    }
     if let Some(r) = record.as_mut() {
         let h = r.holder.get_or_insert_with(|| Holder {
             token: token.clone().unwrap_or_default(),

@@ -613,6 +613,135 @@ mod tests {
         assert_eq!(final_wait_budget(d, Some("timeout=1m0s")), d);
     }
 
+    /// A client whose API server fails every call.
+    fn offline_client() -> Client {
+        let svc = tower::service_fn(|_req: http::Request<kube::client::Body>| async move {
+            Err::<http::Response<kube::client::Body>, std::io::Error>(std::io::Error::other(
+                "no API server in unit tests",
+            ))
+        });
+        Client::new(svc, "default")
+    }
+
+    fn offline_hook() -> Arc<Webhook> {
+        let client = offline_client();
+        Arc::new(Webhook {
+            records: Records::new(client.clone(), "stasis"),
+            client,
+            metrics: Metrics::default(),
+            cfg: WebhookConfig {
+                runtime_class: "stasis".into(),
+                wait: WaitConfig {
+                    image: "i".into(),
+                    command: "/c".into(),
+                    status_url: "http://s:8080".into(),
+                    timeout_seconds: 5,
+                },
+                final_wait: Duration::from_secs(1),
+                phantom_after: Duration::from_secs(60),
+            },
+        })
+    }
+
+    fn admission_review(user: &str, pod: serde_json::Value, dry_run: bool) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "req-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "prod",
+                "operation": "CREATE",
+                "userInfo": {"username": user},
+                "object": pod,
+                "dryRun": dry_run
+            }
+        }))
+        .unwrap()
+    }
+
+    fn response(out: &[u8]) -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_slice(out).unwrap();
+        assert_eq!(v["kind"], "AdmissionReview");
+        v["response"].clone()
+    }
+
+    #[tokio::test]
+    async fn admits_unchanged_what_is_not_stasis_and_anything_it_cannot_decide() {
+        let hook = offline_hook();
+        let wait = Duration::from_secs(1);
+        let plain = json!({"metadata": {"generateName": "c-"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
+        let r =
+            response(&review(hook.clone(), &admission_review("alice", plain, false), wait).await);
+        assert_eq!(
+            (r["uid"].as_str(), r["allowed"].as_bool()),
+            (Some("req-1"), Some(true))
+        );
+        assert!(r.get("patch").is_none());
+        let stasis = json!({
+            "metadata": {"generateName": "c-", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "c-7f", "uid": "u", "controller": true}
+            ], "labels": {"pod-template-hash": "7f"}},
+            "spec": {"runtimeClassName": "stasis", "containers": [{"name": "c", "image": "i"}]}
+        });
+        // A dry run decides nothing (no claim may be written).
+        let r = response(
+            &review(
+                hook.clone(),
+                &admission_review(
+                    "system:serviceaccount:kube-system:replicaset-controller",
+                    stasis.clone(),
+                    true,
+                ),
+                wait,
+            )
+            .await,
+        );
+        assert!(r["allowed"].as_bool().unwrap() && r.get("patch").is_none());
+        // The API server cannot be reached: the pod is admitted unchanged (a cold start), for the
+        // workload's controller and for a person (whose SubjectAccessReview fails) alike.
+        for user in [
+            "system:serviceaccount:kube-system:replicaset-controller",
+            "alice",
+        ] {
+            let r = response(
+                &review(
+                    hook.clone(),
+                    &admission_review(user, stasis.clone(), false),
+                    wait,
+                )
+                .await,
+            );
+            assert!(
+                r["allowed"].as_bool().unwrap() && r.get("patch").is_none(),
+                "{user}: {r}"
+            );
+        }
+        assert!(hook.metrics.encode().contains("decision=\"Error\""));
+    }
+
+    #[tokio::test]
+    async fn cold_start_without_identity_is_annotated() {
+        // A bare generateName pod has no identity at admission (it needs its own name).
+        let hook = offline_hook();
+        let pod = json!({"metadata": {"generateName": "x-"}, "spec": {"runtimeClassName": "stasis", "containers": [{"name": "c"}]}});
+        let r = response(
+            &review(
+                hook,
+                &admission_review("alice", pod, false),
+                Duration::from_secs(1),
+            )
+            .await,
+        );
+        assert_eq!(r["patchType"], "JSONPatch");
+        // kube serialises the patch bytes as a JSON array of numbers (the API server's Go
+        // decoder takes that as well as base64).
+        let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
+        let patch: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(patch[0]["value"][DECISION_ANNOTATION], "ColdStart");
+    }
+
     #[test]
     fn tokens_are_label_values() {
         let t = new_token();
