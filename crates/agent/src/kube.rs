@@ -110,6 +110,33 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
     }
 }
 
+/// The image digest of a pod's container, when the pod says it: an image named by digest
+/// (`…@sha256:…`), else the running container's `imageID` (a restart in place).
+pub fn image_digest(pod: &Pod, container: &str) -> Option<String> {
+    let digest_of = |s: &str| {
+        s.rsplit_once('@')
+            .map(|(_, d)| d.to_owned())
+            .filter(|d| d.starts_with("sha256:"))
+    };
+    let spec = pod.spec.as_ref()?;
+    if let Some(d) = spec
+        .containers
+        .iter()
+        .find(|c| c.name == container)
+        .and_then(|c| c.image.as_deref())
+        .and_then(digest_of)
+    {
+        return Some(d);
+    }
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|s| s.name == container)
+        .and_then(|s| digest_of(&s.image_id))
+}
+
 /// The one app container's name, when the pod has exactly one.
 pub fn single_container(pod: &Pod) -> Option<String> {
     let cs = &pod.spec.as_ref()?.containers;
@@ -379,7 +406,7 @@ impl KubeCluster {
                 pod_uid: info.key.uid.clone(),
                 container_name: single_container(&pod),
                 spec_hash: info.spec_hash.clone(),
-                image_digest: None,
+                image_digest: single_container(&pod).and_then(|c| image_digest(&pod, &c)),
                 declared: info.declared.clone(),
             });
         match job.and_then(|j| self.exec.prepare(&j)) {
@@ -1060,6 +1087,17 @@ mod tests {
         );
         assert!(i.final_wanted.is_ok());
         assert_eq!(single_container(&p).as_deref(), Some("counter"));
+        assert_eq!(image_digest(&p, "counter"), None);
+        let by_digest = pod(json!({
+            "metadata": {"name": "d", "namespace": "n", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "reg/x@sha256:abc"}]},
+            "status": {"containerStatuses": [{"name": "c", "image": "x", "imageID": "reg/x@sha256:def",
+                "ready": true, "restartCount": 0}]}
+        }));
+        assert_eq!(image_digest(&by_digest, "c").as_deref(), Some("sha256:abc"));
+        let mut restarted = by_digest.clone();
+        restarted.spec.as_mut().unwrap().containers[0].image = Some("reg/x:1".into());
+        assert_eq!(image_digest(&restarted, "c").as_deref(), Some("sha256:def"));
         // Policy in another namespace, another app, or onTermination false.
         assert!(pod_info(&p, &[policy("other", "counter", true)])
             .final_wanted

@@ -74,10 +74,14 @@ struct Args {
     )]
     containerd_configs: Vec<PathBuf>,
     /// Seconds between node checks (labels) and sweeps of stale plans and images.
-    #[arg(long, env = "STASIS_CHECK_INTERVAL", default_value_t = 60)]
+    #[arg(
+        long = "check-interval",
+        env = "STASIS_CHECK_INTERVAL",
+        default_value_t = 60
+    )]
     check_interval_secs: u64,
     /// Seconds a prepared restore plan stays valid.
-    #[arg(long, env = "STASIS_PLAN_TTL", default_value_t = 3600)]
+    #[arg(long = "plan-ttl", env = "STASIS_PLAN_TTL", default_value_t = 3600)]
     plan_ttl_secs: u64,
     /// Do not dump established TCP connections.
     #[arg(long)]
@@ -94,6 +98,8 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    // kube enables rustls's ring provider and the S3 client aws-lc-rs: choose one explicitly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let fmt = tracing_subscriber::fmt()

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# stasisd against a real kube-apiserver (etcd + kube-apiserver from scripts/cluster's cache, no
+# kubelet) with real runc and CRIU: Pod objects bound to a Node object stand for the pods, and a
+# counter container started with runc carries their UIDs in its CRI annotations, which is all the
+# agent needs. Checks: node labels (ready, arch) and their removal on SIGTERM; a PodCheckpoint
+# taken to Succeeded with its status fields; the namespace's wrapped data key Secret; a PodRestore
+# prepared to Ready with its plan file; fencing (a lineage record at a newer generation turns the
+# next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed and a
+# ColdStart Event; the wrapper's `restored` report → PodRestore Restored and a Restored Event; a
+# termination checkpoint over the socket recorded as a PodCheckpoint (reason Termination).
+#
+# Usage: apiserver-agent.sh <stasisd> <stasis-runc> <lineage> <record-name>
+#   (run as root under a reaping subreaper; the record name is
+#   stasis_api::lineage::record_name(<lineage>))
+# Exit 0: pass. 1: a check failed. 77: skipped (binaries, root, CRIU or the image missing).
+set -euo pipefail
+
+stasisd=$1
+wrapper=$2
+lineage=$3
+record_name=$4
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
+apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
+etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
+if [[ -z "$apiserver" || -z "$etcd" ]] || ! command -v kubectl >/dev/null || ! command -v openssl >/dev/null; then
+    echo "SKIP apiserver-agent: needs kube-apiserver and etcd under $cache (scripts/cluster up builds them), kubectl and openssl"
+    exit 77
+fi
+if [[ $(id -u) != 0 ]] || ! command -v runc >/dev/null || [[ ! -x $root/target/images/counter/rootfs/stasis-counter ]]; then
+    echo "SKIP apiserver-agent: needs root, runc and the counter image (scripts/build-counter-image)"
+    exit 77
+fi
+
+work="$(mktemp -d /tmp/stasis-agent-api-XXXXXX)"
+runc_root="/run/stasis-agent-test-api-$$"
+pids=()
+agent_pid=
+cleanup() {
+    local rc=$?
+    if [[ $rc != 0 && -f $work/stasisd.log ]]; then
+        echo "--- stasisd log (tail)" >&2; tail -25 "$work/stasisd.log" >&2
+    fi
+    [[ -n $agent_pid ]] && kill "$agent_pid" 2>/dev/null || true
+    runc --root "$runc_root" delete --force c1 >/dev/null 2>&1 || true
+    rm -rf "$runc_root"
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}" $agent_pid; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"; metrics_port="$(free_port)"
+
+openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
+echo "admintoken,admin,admin,system:masters" >"$work/tokens.csv"
+"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    >"$work/etcd.log" 2>&1 &
+pids+=($!)
+"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
+    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode AlwaysAllow \
+    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
+    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
+    --disable-admission-plugins ServiceAccount \
+    >"$work/apiserver.log" 2>&1 &
+pids+=($!)
+
+cat >"$work/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
+users: [{name: a, user: {token: admintoken}}]
+contexts: [{name: t, context: {cluster: t, user: a, namespace: default}}]
+current-context: t
+EOF
+export KUBECONFIG="$work/kubeconfig"
+for _ in $(seq 120); do
+    kubectl get --raw /readyz >/dev/null 2>&1 && break
+    sleep 0.5
+done
+kubectl get --raw /readyz >/dev/null 2>&1 || { echo "FAIL: kube-apiserver not ready"; tail -20 "$work/apiserver.log"; exit 1; }
+
+failures=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
+# wait_for <seconds> <command...>: until the command succeeds.
+wait_for() {
+    local n=$(($1 * 5)); shift
+    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+    return 1
+}
+jp() { kubectl get "$1" "$2" ${3:+-n "$3"} -o jsonpath="$4" 2>/dev/null; }
+# phase_is <kind> <name> <phase> (in namespace default); node_ready: the label is true.
+phase_is() { test "$(jp "$1" "$2" default '{.status.phase}')" = "$3"; }
+node_ready() { test "$(jp node test-node '' '{.metadata.labels.stasis\.dev/ready}')" = true; }
+
+kubectl apply --server-side -f "$root/deploy/helm/stasis/crds/stasis.dev.yaml" >/dev/null
+kubectl wait --for condition=established --timeout=30s \
+    crd/checkpointpolicies.stasis.dev crd/podcheckpoints.stasis.dev crd/podrestores.stasis.dev >/dev/null
+kubectl create namespace stasis >/dev/null
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata: {name: test-node}
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: stasis}
+handler: stasis
+EOF
+pod() { # pod <name> [annotations-json]
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default, labels: {app: counter}, annotations: ${2:-{\}}}
+spec:
+  nodeName: test-node
+  runtimeClassName: stasis
+  containers: [{name: counter, image: "stasis-counter:dev", imagePullPolicy: Never}]
+EOF
+    jp pod "$1" default '{.metadata.uid}'
+}
+uid_a=$(pod counter-a "{\"stasis.dev/lineage\": \"$lineage\", \"stasis.dev/generation\": \"1\"}")
+
+# The source pod's container: runc, with CRI annotations naming counter-a's UID; stdout on a pipe.
+"$root/scripts/make-bundle" "$work/b1" STATE_MB=16 INTERVAL_MS=100 >/dev/null
+# (containerd gives CRI containers no dev.stasis.image.digest annotation: neither does this one)
+jq --arg uid "$uid_a" 'del(.annotations["dev.stasis.image.digest"]) | .annotations += {"io.kubernetes.cri.container-type":"container",
+    "io.kubernetes.cri.sandbox-uid":$uid, "io.kubernetes.cri.sandbox-namespace":"default",
+    "io.kubernetes.cri.sandbox-name":"counter-a", "io.kubernetes.cri.container-name":"counter"}' \
+    "$work/b1/config.json" >"$work/b1/c.json" && mv "$work/b1/c.json" "$work/b1/config.json"
+runc --root "$runc_root" run -d --bundle "$work/b1" c1 > >(cat >>"$work/c1.out") 2>&1
+wait_for 20 grep -q 'count=3' "$work/c1.out" || fail "the counter counts"
+
+# The agent.
+head -c 32 /dev/urandom >"$work/cluster-key"
+mkdir -p "$work/containerd/conf.d"
+printf '[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.stasis]\n  runtime_type = "io.containerd.runc.v2"\n' \
+    >"$work/containerd/conf.d/stasis.toml"
+NODE_NAME=test-node RUST_LOG=info,kube=warn "$stasisd" --store "file://$work/store" \
+    --cluster-key "$work/cluster-key" --runc-root "$runc_root" --socket "$work/run/agent.sock" \
+    --plans-dir "$work/run/plans" --images-dir "$work/images" --work-dir "$work/work" \
+    --metrics-addr "127.0.0.1:$metrics_port" --runtime-binary "$wrapper" \
+    --containerd-config "$work/containerd/conf.d" --check-interval 2 --log-format json \
+    >"$work/stasisd.log" 2>&1 &
+agent_pid=$!
+sleep 1
+kill -0 "$agent_pid" 2>/dev/null || { echo "FAIL: stasisd exited at once"; exit 1; }
+
+if wait_for 30 node_ready; then
+    pass "node labelled stasis.dev/ready=true, cpu-arch=$(jp node test-node '' '{.metadata.labels.stasis\.dev/cpu-arch}')"
+else
+    fail "node ready label: $(kubectl get node test-node -o jsonpath='{.metadata.labels}')"
+fi
+
+ckpt() { # ckpt <name>: a PodCheckpoint of counter-a
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: PodCheckpoint
+metadata: {name: $1, namespace: default}
+spec: {sourcePodName: counter-a, reason: Manual, timeoutSeconds: 120}
+EOF
+}
+ckpt first
+if wait_for 60 phase_is podcheckpoint first Succeeded; then
+    ref=$(jp podcheckpoint first default '{.status.checkpointRef}')
+    st=$(kubectl get podcheckpoint first -o json | jq -c '.status | {node, sizeBytes, lineage, generation, sourcePodUID, freezeMillis, ready: .conditions[0].reason}')
+    pass "PodCheckpoint Succeeded: $ref $st"
+    [[ $ref == "$lineage/"* ]] || fail "checkpointRef names the pod's lineage: $ref"
+    echo "$st" | jq -e --arg uid "$uid_a" '.node == "test-node" and .sizeBytes > 16000000 and .generation == 1 and .sourcePodUID == $uid and .ready == "CheckpointCompleted"' >/dev/null ||
+        fail "PodCheckpoint status fields: $st"
+else
+    fail "PodCheckpoint first: $(kubectl get podcheckpoint first -o json | jq -c .status)"
+    ref=
+fi
+if [[ $(kubectl get secret stasis-key-default -n stasis -o jsonpath='{.data.wrapped}' | base64 -d | wc -c) == 61 ]]; then
+    pass "namespace data key kept wrapped in stasis/stasis-key-default"
+else
+    fail "wrapped data key Secret"
+fi
+
+# A replacement pod and its PodRestore: prepared to Ready, with the per-pod plan file.
+uid_b=$(pod counter-b)
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: PodRestore
+metadata: {name: counter-b, namespace: default}
+spec: {checkpointRef: "$ref", targetPodName: counter-b, sourcePodName: counter-a}
+EOF
+if wait_for 60 phase_is podrestore counter-b Ready &&
+    [[ -f $work/run/plans/pod_${uid_b}_counter.json && -f $work/images/$uid_b/counter/criu/inventory.img ]]; then
+    pass "PodRestore Ready ($(jp podrestore counter-b default '{.status.message}')); plan file and images on the node"
+else
+    fail "PodRestore counter-b: $(kubectl get podrestore counter-b -o json | jq -c .status); plans: $(ls "$work/run/plans" 2>&1)"
+fi
+
+# The node API as stasis-runc uses it: one JSON line each way.
+node_api() {
+    python3 - "$work/run/agent.sock" "$1" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(60); s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode() + b"\n")
+try:
+    print(s.makefile().readline().strip())
+except Exception:
+    pass
+PY
+}
+# The wrapper's report of the restore: PodRestore Restored, a Restored Event, images removed.
+node_api "{\"v\":1,\"op\":\"report\",\"container_id\":\"c2\",\"pod_uid\":\"$uid_b\",\"pod_namespace\":\"default\",\"pod_name\":\"counter-b\",\"container_name\":\"counter\",\"event\":{\"kind\":\"restored\",\"checkpoint_ref\":\"$ref\",\"restore_ms\":42}}" >/dev/null
+if wait_for 30 phase_is podrestore counter-b Restored &&
+    wait_for 10 sh -c "kubectl get events -n default --field-selector involvedObject.name=counter-b,reason=Restored -o name | grep -q ." &&
+    wait_for 10 test ! -e "$work/images/$uid_b/counter"; then
+    pass "report restored: PodRestore Restored, Event: $(kubectl get events -n default --field-selector involvedObject.name=counter-b,reason=Restored -o jsonpath='{.items[0].message}')"
+else
+    fail "report: $(kubectl get podrestore counter-b -o json | jq -c .status)"
+fi
+
+# A termination checkpoint (stasis-runc kill with SIGTERM), for a pod a policy selects.
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: CheckpointPolicy
+metadata: {name: counter, namespace: default}
+spec: {selector: {matchLabels: {app: counter}}, interval: 30s}
+EOF
+sleep 1
+answer=$(node_api '{"v":1,"op":"final_checkpoint","container_id":"c1","deadline_ms":20000}')
+final=$(kubectl get podcheckpoints -l stasis.dev/created-by=stasisd -o jsonpath='{.items[0].metadata.name}')
+if [[ $answer == *'"result":"done"'* && -n $final ]] && wait_for 10 phase_is podcheckpoint "$final" Succeeded &&
+    [[ $(jp podcheckpoint "$final" default '{.spec.reason}') == Termination ]]; then
+    pass "final checkpoint: $answer, recorded as PodCheckpoint $final (Termination, Succeeded)"
+else
+    fail "final checkpoint: $answer; $(kubectl get podcheckpoints -o json | jq -c '[.items[] | {n: .metadata.name, s: .status.phase}]')"
+fi
+
+# Fencing: the controller's lineage record says a newer claim (generation 2) exists.
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: $record_name
+  namespace: stasis
+  labels: {stasis.dev/lineage-record: "true"}
+data:
+  lineage.json: '{"id":"$lineage","workload":"default_pod_counter-a","generation":2,"holder":"other","orphaned":false,"checkpoints":[],"failures":[],"bad":[]}'
+EOF
+ckpt second
+if wait_for 60 phase_is podcheckpoint second Failed &&
+    [[ $(jp podcheckpoint second default '{.status.conditions[0].reason}') == Fenced ]]; then
+    pass "a checkpoint under a superseded generation is Failed/Fenced: $(jp podcheckpoint second default '{.status.conditions[0].message}')"
+else
+    fail "fencing: $(kubectl get podcheckpoint second -o json | jq -c .status)"
+fi
+
+# A restore of a checkpoint that does not exist: Failed, and a ColdStart Event on the pod.
+uid_c=$(pod counter-c)
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: PodRestore
+metadata: {name: counter-c, namespace: default}
+spec: {checkpointRef: "$lineage/20200101T000000.000Z-00000000", targetPodName: counter-c}
+EOF
+if wait_for 60 phase_is podrestore counter-c Failed &&
+    wait_for 10 sh -c "kubectl get events -n default --field-selector involvedObject.name=counter-c,reason=ColdStart -o name | grep -q ."; then
+    pass "a missing checkpoint: PodRestore Failed, ColdStart Event ($(jp podrestore counter-c default '{.status.message}'))"
+else
+    fail "missing checkpoint: $(kubectl get podrestore counter-c -o json | jq -c .status)"
+fi
+
+metrics=$(curl -fsS "http://127.0.0.1:$metrics_port/metrics" || true)
+if grep -q 'stasis_agent_checkpoints_total{result="succeeded"} 2' <<<"$metrics" &&
+    grep -q 'stasis_agent_checkpoints_total{result="fenced"} 1' <<<"$metrics"; then
+    pass "/metrics counts the checkpoints (2 succeeded, 1 fenced)"
+else
+    fail "/metrics"
+fi
+
+kill -TERM "$agent_pid"
+for _ in $(seq 50); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
+if [[ -z $(jp node test-node '' '{.metadata.labels.stasis\.dev/ready}') ]]; then
+    pass "stasis.dev/ready removed on shutdown"
+else
+    fail "ready label still set after SIGTERM"
+fi
+agent_pid=
+
+((failures == 0)) || exit 1

@@ -1,0 +1,49 @@
+//! stasisd against a real kube-apiserver (no kubelet) with real runc and CRIU:
+//! `tests/apiserver-agent.sh` does the work (see its header); this test runs it so the
+//! integration tier (`cargo test --test '*'`) covers it. Skipped, visibly, when the binaries,
+//! root, CRIU or the counter image are missing (fails under `CI` unless only the Kubernetes
+//! binaries are missing, which `scripts/cluster up` builds).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn stasisd_against_a_real_apiserver() {
+    let wrapper = std::env::var_os("STASIS_RUNC_UNDER_TEST")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let exe = std::env::current_exe().ok()?;
+            Some(exe.parent()?.parent()?.join("stasis-runc"))
+        })
+        .filter(|p| p.exists());
+    let Some(wrapper) = wrapper else {
+        let why = "stasis-runc is not built (cargo build -p stasis-runtime)";
+        assert!(std::env::var_os("CI").is_none(), "cannot run in CI: {why}");
+        eprintln!("SKIPPED stasisd_against_a_real_apiserver: {why}");
+        return;
+    };
+    if let Err(e) = stasis_engine::tools::criu_checked() {
+        assert!(std::env::var_os("CI").is_none(), "cannot run in CI: {e}");
+        eprintln!("SKIPPED stasisd_against_a_real_apiserver: {e}");
+        return;
+    }
+    let lineage = "default_pod_counter-a.0000beef";
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/apiserver-agent.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_stasisd"))
+        .arg(&wrapper)
+        .arg(lineage)
+        .arg(stasis_api::lineage::record_name(lineage))
+        .output()
+        .expect("run tests/apiserver-agent.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    match out.status.code() {
+        Some(0) => {}
+        Some(77) => eprintln!("skipped: {}", stdout.trim()),
+        other => panic!("apiserver-agent.sh failed ({other:?}):\n{stdout}\n{stderr}"),
+    }
+}
