@@ -165,6 +165,7 @@ pub async fn serve_webhook(
             match (req.method(), req.uri().path()) {
                 (&Method::POST, "/mutate") => {
                     let wait = final_wait_budget(hook.cfg.final_wait, req.uri().query());
+                    tracing::debug!(query = ?req.uri().query(), ?wait, "admission review");
                     // AdmissionReviews of pods are small; 4 MiB is the API server's own bound.
                     match Limited::new(req.into_body(), 4 << 20).collect().await {
                         Ok(body) => {

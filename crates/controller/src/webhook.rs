@@ -328,7 +328,8 @@ pub fn holder_state(
             started_unix_ms: deadline.saturating_sub(grace * 1000),
             // Slack for the agent to report the checkpoint it finished at the deadline.
             deadline_unix_ms: deadline + 5_000,
-            final_expected: on_termination && phase == Some("Running"),
+            // A pod whose node is lost is not Ready: no agent will checkpoint it.
+            final_expected: on_termination && phase == Some("Running") && pod_ready(pod),
         }
     } else if matches!(phase, Some("Failed" | "Succeeded")) {
         HolderState::Ended
@@ -336,6 +337,14 @@ pub fn holder_state(
         HolderState::Running
     };
     (state, Some(pod.clone()))
+}
+
+/// The pod's `Ready` condition is `True`.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The UID of a checkpoint's source pod (spec, label or status).
@@ -533,9 +542,10 @@ mod tests {
     #[test]
     fn holder_states() {
         let r = record_held_by("tok", Some("u1"));
-        let running = pod(
-            json!({"metadata": {"name": "c-1", "uid": "u1", "labels": {CLAIM_TOKEN_ANNOTATION: "tok"}}, "status": {"phase": "Running"}}),
-        );
+        let running = pod(json!({
+            "metadata": {"name": "c-1", "uid": "u1", "labels": {CLAIM_TOKEN_ANNOTATION: "tok"}},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        }));
         assert_eq!(
             holder_state(&r, std::slice::from_ref(&running), &[], true).0,
             HolderState::Running
@@ -544,13 +554,26 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(crate::k8s_time(40_000));
         deleting.metadata.deletion_grace_period_seconds = Some(30);
         assert_eq!(
-            holder_state(&r, &[deleting], &[], true).0,
+            holder_state(&r, std::slice::from_ref(&deleting), &[], true).0,
             HolderState::Terminating {
                 started_unix_ms: 10_000,
                 deadline_unix_ms: 45_000,
                 final_expected: true
             }
         );
+        // Its node lost (not Ready): no final checkpoint is coming.
+        let mut lost = deleting.clone();
+        lost.status.as_mut().unwrap().conditions = Some(vec![serde_json::from_value(
+            json!({"type": "Ready", "status": "False"}),
+        )
+        .unwrap()]);
+        assert!(matches!(
+            holder_state(&r, &[lost], &[], true).0,
+            HolderState::Terminating {
+                final_expected: false,
+                ..
+            }
+        ));
         // Another pod with a copied token but another UID is not the holder.
         let mut impostor = running.clone();
         impostor.metadata.uid = Some("u2".into());
