@@ -969,6 +969,168 @@ pub fn workload_of(pod: &Pod) -> Option<WorkloadName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex as StdMutex;
+
+    type Seen = Arc<StdMutex<Vec<(String, String, serde_json::Value)>>>;
+
+    /// A stand-in API server: records every request (method, path, JSON body) and answers
+    /// `201` with the body it got (what a create returns).
+    fn recording_client() -> (Client, Seen) {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = http_body_util::BodyExt::collect(body)
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                log.lock().unwrap().push((
+                    parts.method.to_string(),
+                    parts.uri.path().to_owned(),
+                    v,
+                ));
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(201)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(bytes.to_vec()))
+                        .unwrap(),
+                )
+            }
+        });
+        (Client::new(svc, "default"), seen)
+    }
+
+    fn store_of<K>(items: Vec<K>) -> Store<K>
+    where
+        K: kube::Resource + Clone + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let (reader, mut writer) = reflector::store();
+        for i in items {
+            writer.apply_watcher_event(&watcher::Event::Apply(i));
+        }
+        reader
+    }
+
+    fn running_pod(started: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "counter-7d9f8b6c5-abcde", "namespace": "prod", "uid": "uid-1",
+                "labels": {"app": "counter", "pod-template-hash": "7d9f8b6c5", CLAIM_TOKEN_ANNOTATION: "tok"},
+                "annotations": {LINEAGE_ANNOTATION: "prod_deploy_counter.aaaaaaaa", GENERATION_ANNOTATION: "2"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "counter-7d9f8b6c5", "uid": "rs", "controller": true}]
+            },
+            "spec": {"runtimeClassName": "stasis", "nodeName": "worker-1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "startTime": started,
+                       "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap()
+    }
+
+    fn context(client: Client, checkpoints: Vec<PodCheckpoint>) -> Arc<Context> {
+        let policy: CheckpointPolicy = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "CheckpointPolicy",
+            "metadata": {"name": "counter", "namespace": "prod"},
+            "spec": {"selector": {"matchLabels": {"app": "counter"}}, "interval": "10s"}
+        }))
+        .unwrap();
+        let w = WorkloadName::new("prod_deploy_counter").unwrap();
+        let mut lineage = Lineage::start(&w, "aaaaaaaa", &[]);
+        lineage.holder = Some("tok".into());
+        lineage.generation = 2;
+        let mut record = Record::new(
+            "prod",
+            lineage,
+            Some(Holder {
+                token: "tok".into(),
+                claimed_unix_ms: 1,
+                pod: Some("counter-7d9f8b6c5-abcde".into()),
+                uid: Some("uid-1".into()),
+                ..Default::default()
+            }),
+        );
+        record.resource_version = Some("5".into());
+        Arc::new(Context {
+            records: Records::new(client.clone(), "stasis"),
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            client,
+            metrics: Metrics::default(),
+            cfg: ControllerConfig {
+                runtime_class: "stasis".into(),
+                in_flight_timeout: Duration::from_secs(900),
+                phantom_after: Duration::from_secs(120),
+                sweep_every: Duration::from_secs(15),
+            },
+            policies: store_of(vec![policy]),
+            checkpoints: store_of(checkpoints),
+            restores: store_of(vec![]),
+            record_maps: store_of(vec![record.to_config_map().unwrap()]),
+            pods: store_of(vec![]),
+            skips: Mutex::new(HashMap::new()),
+            store: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_due_heartbeat_creates_one_checkpoint_and_waits_while_it_is_in_flight() {
+        let (client, seen) = recording_client();
+        let pod = Arc::new(running_pod("2026-01-01T00:00:00Z"));
+        let ctx = context(client, vec![]);
+        let action = reconcile_pod(pod.clone(), ctx.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+        let calls = seen.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1, "{calls:#?}");
+        let (method, path, body) = &calls[0];
+        assert_eq!(method, "POST");
+        assert_eq!(
+            path,
+            "/apis/stasis.dev/v1alpha1/namespaces/prod/podcheckpoints"
+        );
+        assert_eq!(body["spec"]["reason"], "Heartbeat");
+        assert_eq!(body["spec"]["sourcePodUID"], "uid-1");
+        assert_eq!(body["metadata"]["labels"][NODE_LABEL], "worker-1");
+        assert_eq!(
+            body["metadata"]["annotations"][LINEAGE_ANNOTATION],
+            "prod_deploy_counter.aaaaaaaa"
+        );
+        assert_eq!(body["metadata"]["annotations"][GENERATION_ANNOTATION], "2");
+        assert_eq!(ctx.metrics.checkpoints_scheduled.get(), 1);
+
+        // With that checkpoint pending, the next reconcile asks nothing of the API server.
+        let created: PodCheckpoint = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": body["metadata"]["name"], "namespace": "prod",
+                         "creationTimestamp": crate::k8s_time(now_ms()).0.to_string()},
+            "spec": body["spec"].clone()
+        }))
+        .unwrap();
+        let (client, seen) = recording_client();
+        let ctx = context(client, vec![created]);
+        reconcile_pod(pod, ctx).await.unwrap();
+        assert!(seen.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn pods_of_other_runtime_classes_are_left_alone() {
+        let (client, seen) = recording_client();
+        let mut pod = running_pod("2026-01-01T00:00:00Z");
+        pod.spec.as_mut().unwrap().runtime_class_name = None;
+        let action = reconcile_pod(Arc::new(pod), context(client, vec![]))
+            .await
+            .unwrap();
+        assert_eq!(action, Action::await_change());
+        assert!(seen.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn failure_signatures() {
