@@ -765,6 +765,199 @@ mod tests {
         assert_eq!(patch[0]["value"][DECISION_ANNOTATION], "ColdStart");
     }
 
+    /// A stand-in API server for one admission: answers by method and path from `routes`
+    /// (404 otherwise) and records what was written.
+    fn routed_client(
+        routes: Vec<(&'static str, String, serde_json::Value)>,
+    ) -> (
+        Client,
+        Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>,
+    ) {
+        let writes: Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>> =
+            Arc::default();
+        let log = writes.clone();
+        let routes = Arc::new(routes);
+        let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let (routes, log) = (routes.clone(), log.clone());
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = http_body_util::BodyExt::collect(body)
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let method = parts.method.to_string();
+                let path = parts.uri.path().to_owned();
+                let (status, out) = if method == "GET" {
+                    match routes.iter().find(|(m, p, _)| *m == "GET" && *p == path) {
+                        Some((_, _, v)) => (200, v.clone()),
+                        None => (
+                            404,
+                            json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                   "status": "Failure", "reason": "NotFound", "code": 404,
+                                   "message": format!("{path} not found")}),
+                        ),
+                    }
+                } else {
+                    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                    log.lock().unwrap().push((method, path, v.clone()));
+                    let mut v = v;
+                    if v.get("metadata").is_some() {
+                        v["metadata"]["resourceVersion"] = json!("100");
+                    }
+                    (200, v)
+                };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(out.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        (Client::new(svc, "default"), writes)
+    }
+
+    fn list(kind: &str, items: Vec<serde_json::Value>) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items})
+    }
+
+    #[tokio::test]
+    async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
+        let new_pod = json!({
+            "metadata": {"generateName": "counter-7d9f8b6c5-", "labels": {"app": "counter", "pod-template-hash": "7d9f8b6c5"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "counter-7d9f8b6c5", "uid": "rs", "controller": true}]},
+            "spec": {"runtimeClassName": "stasis", "containers": [{"name": "c", "image": "stasis-counter:dev"}]}
+        });
+        let mut as_pod: Pod = serde_json::from_value(new_pod.clone()).unwrap();
+        as_pod.metadata.namespace = Some("prod".into());
+        let hash = podfacts::spec_hash(&as_pod).unwrap().0;
+        // The source's lineage, orphaned (its pod is gone), with one checkpoint.
+        let w = WorkloadName::new("prod_deploy_counter").unwrap();
+        let mut lineage = Lineage::start(&w, "old-token", &[]);
+        let id = stasis_core::reference::CheckpointId::from_parts(1_700_000_000_000, 1);
+        lineage
+            .publish(stasis_core::lineage::LineageCheckpoint {
+                id: id.clone(),
+                generation: 1,
+                created_unix_ms: 1_700_000_000_000,
+            })
+            .unwrap();
+        lineage.orphan();
+        let mut record = Record::new(
+            "prod",
+            lineage.clone(),
+            Some(Holder {
+                token: "old-token".into(),
+                claimed_unix_ms: 1,
+                pod: Some("counter-7d9f8b6c5-old".into()),
+                uid: Some("old-uid".into()),
+                ..Default::default()
+            }),
+        );
+        record.resource_version = Some("7".into());
+        let cm = serde_json::to_value(record.to_config_map().unwrap()).unwrap();
+        let reference = format!("{}/{}", lineage.id, id);
+        let checkpoint = json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": "counter-7d9f8b6c5-old-1700000000", "namespace": "prod"},
+            "spec": {"sourcePodName": "counter-7d9f8b6c5-old", "sourcePodUID": "old-uid", "reason": "Heartbeat"},
+            "status": {"phase": "Succeeded", "node": "worker-1", "checkpointRef": reference,
+                       "lineage": lineage.id.as_str(), "generation": 1, "specHash": hash}
+        });
+        let policy = json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "CheckpointPolicy",
+            "metadata": {"name": "counter", "namespace": "prod"},
+            "spec": {"selector": {"matchLabels": {"app": "counter"}}, "interval": "10s"}
+        });
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "worker-1", "labels": {ARCH_LABEL: "amd64", READY_NODE_LABEL: "true"}}});
+        let (client, writes) = routed_client(vec![
+            (
+                "GET",
+                "/apis/stasis.dev/v1alpha1/namespaces/prod/checkpointpolicies".into(),
+                list("CheckpointPolicyList", vec![policy]),
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/stasis/configmaps".into(),
+                list("ConfigMapList", vec![cm]),
+            ),
+            (
+                "GET",
+                "/apis/stasis.dev/v1alpha1/namespaces/prod/podcheckpoints".into(),
+                list("PodCheckpointList", vec![checkpoint]),
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/prod/pods".into(),
+                list("PodList", vec![]),
+            ),
+            ("GET", "/api/v1/nodes/worker-1".into(), node),
+        ]);
+        let hook = Arc::new(Webhook {
+            records: Records::new(client.clone(), "stasis"),
+            client,
+            metrics: Metrics::default(),
+            cfg: offline_hook().cfg.clone(),
+        });
+        let out = review(
+            hook.clone(),
+            &admission_review(
+                "system:serviceaccount:kube-system:replicaset-controller",
+                new_pod.clone(),
+                false,
+            ),
+            Duration::from_secs(1),
+        )
+        .await;
+        let r = response(&out);
+        assert_eq!(r["allowed"], true);
+        let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).expect("a patch");
+        let ops: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let mut patched = new_pod.clone();
+        json_patch::patch(
+            &mut patched,
+            &serde_json::from_value::<json_patch::Patch>(ops).unwrap(),
+        )
+        .unwrap();
+        let ann = &patched["metadata"]["annotations"];
+        assert_eq!(ann[DECISION_ANNOTATION], "Restore", "{ann}");
+        assert_eq!(ann[RESTORE_FROM_ANNOTATION], reference.as_str());
+        assert_eq!(ann[LINEAGE_ANNOTATION], lineage.id.as_str());
+        assert_eq!(ann[GENERATION_ANNOTATION], "2");
+        let token = ann[CLAIM_TOKEN_ANNOTATION].as_str().unwrap();
+        assert_eq!(patched["metadata"]["labels"][CLAIM_TOKEN_ANNOTATION], token);
+        assert_eq!(patched["spec"]["initContainers"][0]["name"], WAIT_CONTAINER);
+        let exprs = &patched["spec"]["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchExpressions"];
+        assert_eq!(exprs[0]["key"], READY_NODE_LABEL);
+        assert_eq!(exprs[1]["key"], ARCH_LABEL);
+        assert_eq!(exprs[1]["values"][0], "amd64");
+        // One write: the record, replaced at the version read, claimed by the new token at
+        // generation 2, with the decided restore and its source.
+        let writes = writes.lock().unwrap().clone();
+        assert_eq!(writes.len(), 1, "{writes:#?}");
+        let (method, path, cm) = &writes[0];
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            (
+                "PUT",
+                &*format!("/api/v1/namespaces/stasis/configmaps/{}", record.name())
+            )
+        );
+        assert_eq!(cm["metadata"]["resourceVersion"], "7");
+        let saved = Record::from_config_map(&serde_json::from_value(cm.clone()).unwrap()).unwrap();
+        assert_eq!(saved.lineage.generation, 2);
+        assert_eq!(saved.lineage.holder.as_deref(), Some(token));
+        assert!(!saved.lineage.orphaned);
+        let h = saved.holder.unwrap();
+        assert_eq!(h.restore.as_deref(), Some(reference.as_str()));
+        assert_eq!(h.source_pod.as_deref(), Some("counter-7d9f8b6c5-old"));
+        assert!(hook.metrics.encode().contains("decision=\"Restore\""));
+    }
+
     #[test]
     fn tokens_are_label_values() {
         let t = new_token();
