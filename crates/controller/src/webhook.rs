@@ -765,16 +765,12 @@ mod tests {
         assert_eq!(patch[0]["value"][DECISION_ANNOTATION], "ColdStart");
     }
 
+    type Writes = Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
+
     /// A stand-in API server for one admission: answers by method and path from `routes`
     /// (404 otherwise) and records what was written.
-    fn routed_client(
-        routes: Vec<(&'static str, String, serde_json::Value)>,
-    ) -> (
-        Client,
-        Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>,
-    ) {
-        let writes: Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>> =
-            Arc::default();
+    fn routed_client(routes: Vec<(&'static str, String, serde_json::Value)>) -> (Client, Writes) {
+        let writes: Writes = Arc::default();
         let log = writes.clone();
         let routes = Arc::new(routes);
         let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
