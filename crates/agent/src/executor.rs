@@ -264,6 +264,7 @@ impl Executor {
         fence: &dyn Fn() -> Verdict,
     ) -> Result<CheckpointOutcome> {
         let r = self.checkpoint_inner(job, fence);
+        crate::mem::trim();
         match &r {
             Ok(o) => {
                 self.metrics.checkpoint("succeeded");
@@ -427,6 +428,7 @@ impl Executor {
     /// are checked before anything is fetched.
     pub fn prepare(&self, job: &PrepareJob) -> Result<Prepared> {
         let r = self.prepare_inner(job);
+        crate::mem::trim();
         match &r {
             Ok(p) => {
                 self.metrics.restore("prepared");

@@ -669,6 +669,11 @@ impl SecretKeys {
                 let s = api.get(&name).await.map_err(api_err)?;
                 self.unwrap_secret(ns, &s)
             }
+            Err(e) if is_status(&e, 403) => Err(AgentError::Kube(format!(
+                "the data key Secret {}/{name} does not exist and this agent may not create it \
+                 (its Role in {} needs `create` on secrets): {e}",
+                self.namespace, self.namespace
+            ))),
             Err(e) => Err(api_err(e)),
         }
     }

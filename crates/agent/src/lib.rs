@@ -19,6 +19,7 @@ pub mod fence;
 pub mod http;
 pub mod keys;
 pub mod kube;
+pub mod mem;
 pub mod metrics;
 pub mod node;
 pub mod resolve;

@@ -30,7 +30,7 @@ struct Args {
     #[arg(
         long,
         env = "STASIS_CLUSTER_KEY_FILE",
-        default_value = "/etc/stasis/cluster-key/key"
+        default_value = "/etc/stasis/keys/cluster.key"
     )]
     cluster_key: PathBuf,
     /// One data key for every namespace instead of wrapped per-namespace keys (standalone, dev).
@@ -98,6 +98,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    stasis_agent::mem::limit_arenas(2);
     // kube enables rustls's ring provider and the S3 client aws-lc-rs: choose one explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

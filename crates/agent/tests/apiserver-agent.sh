@@ -159,6 +159,8 @@ else
     fail "node ready label: $(kubectl get node test-node -o jsonpath='{.metadata.labels}')"
 fi
 
+sleep 2
+echo "info stasisd idle with its watchers: VmRSS $(awk '/^VmRSS/{print int($2/1024)}' /proc/$agent_pid/status) MiB"
 ckpt() { # ckpt <name>: a PodCheckpoint of counter-a
     kubectl apply -f - >/dev/null <<EOF
 apiVersion: stasis.dev/v1alpha1
@@ -281,6 +283,7 @@ else
     fail "/metrics"
 fi
 
+echo "info stasisd after the checkpoints and restores: VmRSS $(awk '/^VmRSS/{print int($2/1024)}' /proc/$agent_pid/status) MiB, VmHWM $(awk '/^VmHWM/{print int($2/1024)}' /proc/$agent_pid/status) MiB"
 kill -TERM "$agent_pid"
 for _ in $(seq 50); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
 if [[ -z $(jp node test-node '' '{.metadata.labels.stasis\.dev/ready}') ]]; then

@@ -76,6 +76,15 @@ const POOLED_CAP: usize = (HEADER_LEN + MAX_CHUNK + TAG_LEN).div_ceil(ALIGN) * A
 const POOL_MAX: usize = 24;
 static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
 
+/// Frees the recycled chunk buffers (a long-lived process, such as the node agent, calls this
+/// between checkpoints so an idle process does not keep them resident).
+pub fn release_buffer_pool() {
+    if let Ok(mut pool) = POOL.lock() {
+        pool.clear();
+        pool.shrink_to_fit();
+    }
+}
+
 impl Drop for ChunkBuf {
     fn drop(&mut self) {
         if self.vec.capacity() == POOLED_CAP {
