@@ -243,7 +243,12 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         store,
     };
     tokio::select! {
-        r = controller::run(setup) => r?,
+        r = controller::run(setup) => {
+            // Stopped by a signal: hand the lease over now.
+            metrics.leader.set(0);
+            leader::release(&leases, &lease).await;
+            r?
+        }
         lost = leader::keep(&leases, &lease) => {
             metrics.leader.set(0);
             return Err(anyhow::anyhow!("{lost}: exiting so a new leader takes over"));

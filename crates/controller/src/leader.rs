@@ -91,6 +91,25 @@ pub async fn try_hold(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool> {
     }
 }
 
+/// Gives the lease up (on a clean shutdown), so a follower takes over at once instead of after
+/// the lease duration. Best effort.
+pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
+    let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await else {
+        return;
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return;
+    };
+    if spec.holder_identity.as_deref() != Some(&cfg.identity) {
+        return;
+    }
+    spec.holder_identity = None;
+    spec.renew_time = None;
+    if let Err(e) = api.replace(&cfg.name, &PostParams::default(), &lease).await {
+        tracing::debug!(error = %e, "lease release");
+    }
+}
+
 /// Waits until this replica holds the lease.
 pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig) {
     loop {
