@@ -466,7 +466,11 @@ fn stasisd_rss_idle_and_while_checkpointing() {
     let mut w = World::new("rss");
     Key::generate(&w.p("key")).unwrap();
     let sock = w.run_dir().join("agent.sock");
-    let port = 20000 + (std::process::id() % 20000) as u16;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut agent = Command::new(env!("CARGO_BIN_EXE_stasisd"))
         .args(["--standalone", "--store"])
         .arg(format!("file://{}", w.p("store").display()))
