@@ -79,7 +79,8 @@ pub fn restore_path(path: &str) -> Option<(&str, &str)> {
 }
 
 /// The status a restoring pod's wait container asks for: `{"phase": ...}` of the `PodRestore`
-/// named after the pod (404 while there is none).
+/// named after the pod (404 while there is none; `ColdStart` when the controller has handled the
+/// pod's decision and made none).
 async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<Full<Bytes>> {
     let api = kube::Api::<stasis_api::PodRestore>::namespaced(client.clone(), ns);
     match api.get_opt(pod).await {
@@ -88,7 +89,25 @@ async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<
             let body = serde_json::json!({"phase": phase, "checkpointRef": r.spec.checkpoint_ref});
             reply(StatusCode::OK, "application/json", body.to_string())
         }
-        Ok(None) => reply(StatusCode::NOT_FOUND, "application/json", "{}"),
+        Ok(None) => {
+            // The controller creates the PodRestore before it marks the decision reported: a
+            // reported pod without one will not get one (its decision could not be confirmed
+            // against the lineage record), so it need not wait.
+            let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+            let reported = matches!(
+                pods.get_opt(pod).await,
+                Ok(Some(p)) if p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(crate::keys::REPORTED_ANNOTATION))
+            );
+            if reported {
+                reply(
+                    StatusCode::OK,
+                    "application/json",
+                    r#"{"phase":"ColdStart"}"#,
+                )
+            } else {
+                reply(StatusCode::NOT_FOUND, "application/json", "{}")
+            }
+        }
         Err(e) => {
             tracing::debug!(error = %e, "restore status");
             reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", "{}")
