@@ -874,6 +874,10 @@ pub async fn start(
         }
     };
 
+    // Work a previous run of this agent left half done: checkpoints it was taking fail (their
+    // images died with it), restores it was fetching start again.
+    recover(&client, &settings.node, &cluster, &enqueue, &rest_tx2).await;
+
     // PodCheckpoints: pending ones whose source pod is on this node.
     {
         let (pods, enqueue, pods_ready) = (pods.clone(), enqueue.clone(), pods_ready.clone());
@@ -990,6 +994,60 @@ pub async fn start(
         cluster,
         pods_ready,
     })
+}
+
+/// At start: `Running` checkpoints of this node → `Failed` (the agent restarted during them);
+/// `Fetching` restores of this node → prepared again.
+async fn recover(
+    client: &Client,
+    node: &str,
+    cluster: &Arc<KubeCluster>,
+    enqueue: &(impl Fn(&mpsc::SyncSender<Job>, Job) + Send + Sync),
+    rest_tx: &mpsc::SyncSender<Job>,
+) {
+    let mine = |n: Option<&String>| n.is_some_and(|n| n == node);
+    match Api::<PodCheckpoint>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => {
+            for c in l.items.into_iter().filter(|c| {
+                c.status.as_ref().is_some_and(|s| {
+                    s.phase == Some(CheckpointPhase::Running) && mine(s.node.as_ref())
+                })
+            }) {
+                let (ns, name) = (c.namespace().unwrap_or_default(), c.name_any());
+                let s = status::checkpoint_failed(
+                    &c.status.clone().unwrap_or_default(),
+                    node,
+                    stasis_api::condition::reason::CHECKPOINT_FAILED,
+                    "the node agent restarted while taking this checkpoint",
+                    status::now(),
+                );
+                info!(checkpoint = %name, "marking a checkpoint interrupted by an agent restart as failed");
+                cluster.patch_ckpt_status(&ns, &name, &s).await;
+            }
+        }
+        Err(e) => warn!(error = %e, "cannot list PodCheckpoints at start"),
+    }
+    // A restore is prepared only for a pod known to be here: wait for the pods of the node.
+    let _ = tokio::time::timeout(Duration::from_secs(30), cluster.pods.wait_until_ready()).await;
+    match Api::<PodRestore>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => {
+            for r in l.items.into_iter().filter(|r| {
+                r.status.as_ref().is_some_and(|s| {
+                    s.phase == Some(RestorePhase::Fetching) && mine(s.node.as_ref())
+                })
+            }) {
+                info!(restore = %r.name_any(), "preparing a restore again after an agent restart");
+                enqueue(rest_tx, Job::Restore(Arc::new(r)));
+            }
+        }
+        Err(e) => warn!(error = %e, "cannot list PodRestores at start"),
+    }
 }
 
 /// Periodically runs the node checks, publishes the labels and sweeps stale plans and images

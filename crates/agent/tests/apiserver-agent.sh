@@ -293,4 +293,20 @@ else
 fi
 agent_pid=
 
+# A checkpoint the agent was taking when it stopped: failed when the agent starts again.
+ckpt interrupted
+kubectl patch podcheckpoint interrupted --subresource=status --type=merge \
+    -p '{"status":{"phase":"Running","node":"test-node"}}' >/dev/null
+NODE_NAME=test-node "$stasisd" --store "file://$work/store" --cluster-key "$work/cluster-key" \
+    --runc-root "$runc_root" --socket "$work/run/agent.sock" --plans-dir "$work/run/plans" \
+    --images-dir "$work/images" --work-dir "$work/work" --metrics-addr "" \
+    --runtime-binary "$wrapper" --containerd-config "$work/containerd/conf.d" \
+    >>"$work/stasisd.log" 2>&1 &
+agent_pid=$!
+if wait_for 30 phase_is podcheckpoint interrupted Failed; then
+    pass "a checkpoint interrupted by an agent restart is Failed: $(jp podcheckpoint interrupted default '{.status.conditions[0].message}')"
+else
+    fail "interrupted checkpoint: $(kubectl get podcheckpoint interrupted -o json | jq -c .status)"
+fi
+
 ((failures == 0)) || exit 1
