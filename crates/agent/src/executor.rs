@@ -633,3 +633,179 @@ pub fn check_compatible(
 pub fn lineage_of(reference: &str) -> Option<WorkloadName> {
     reference.parse::<CheckpointRef>().ok().map(|r| r.workload)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stasis_core::Source;
+
+    fn manifest(labels: &[(&str, &str)], declared: &[(&str, &str)]) -> Manifest {
+        Manifest {
+            schema_version: SCHEMA_VERSION,
+            workload: WorkloadName::new("default_pod_x.0000beef").unwrap(),
+            id: CheckpointId::from_parts(1_700_000_000_000, 7),
+            created_at: String::new(),
+            key_id: String::new(),
+            source: Source::Container {
+                container_id: "c".into(),
+            },
+            leave_running: true,
+            requirements: Requirements {
+                node: node::fingerprint(),
+                needs_runc: false,
+                image_digest: None,
+                declared: declared
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            },
+            processes: Vec::new(),
+            rootfs: None,
+            timings: Default::default(),
+            stats: Default::default(),
+            files: Vec::new(),
+            gpu_processes: 0,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn job(spec_hash: Option<&str>, declared: &[(&str, &str)]) -> PrepareJob {
+        PrepareJob {
+            reference: "default_pod_x.0000beef/latest".parse().unwrap(),
+            namespace: "default".into(),
+            pod_uid: "u".into(),
+            container_name: None,
+            spec_hash: spec_hash.map(str::to_owned),
+            image_digest: None,
+            declared: declared
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// Only the parts under test: the node itself may lack CRIU where unit tests run.
+    fn blames(r: Result<()>, what: &str) -> bool {
+        matches!(r, Err(AgentError::Incompatible(m)) if m.contains(what))
+    }
+
+    #[test]
+    fn spec_hash_and_declared_versions_are_checked_before_a_fetch() {
+        let node = node::fingerprint();
+        let m = manifest(&[(label::SPEC_HASH, "blake3:aa")], &[("engine", "v1")]);
+        let ok = check_compatible(
+            &m,
+            &job(Some("blake3:aa"), &[("engine", "v1")]),
+            node.clone(),
+        );
+        assert!(
+            !blames(ok, "spec hash")
+                && !blames(
+                    check_compatible(
+                        &m,
+                        &job(Some("blake3:aa"), &[("engine", "v1")]),
+                        node.clone()
+                    ),
+                    "declared"
+                )
+        );
+        assert!(blames(
+            check_compatible(
+                &m,
+                &job(Some("blake3:bb"), &[("engine", "v1")]),
+                node.clone()
+            ),
+            "pod spec hash differs: checkpoint has blake3:aa, pod has blake3:bb"
+        ));
+        assert!(blames(
+            check_compatible(
+                &m,
+                &job(Some("blake3:aa"), &[("engine", "v2")]),
+                node.clone()
+            ),
+            "declared.engine"
+        ));
+        let unhashed = manifest(&[], &[]);
+        assert!(blames(
+            check_compatible(&unhashed, &job(Some("blake3:aa"), &[]), node.clone()),
+            "records no pod spec hash"
+        ));
+        // Neither side hashed (standalone use): not a spec hash refusal.
+        assert!(!blames(
+            check_compatible(&unhashed, &job(None, &[]), node),
+            "spec hash"
+        ));
+    }
+
+    #[test]
+    fn plans_are_found_swept_and_forgotten() {
+        let t = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let exec = Executor::new(
+            ExecutorConfig {
+                runc_root: t.path().join("runc"),
+                work_dir: t.path().join("work"),
+                images_dir: t.path().join("images"),
+                plans_dir: t.path().join("plans"),
+                node_name: "n".into(),
+                plan_ttl: Duration::from_secs(60),
+                tcp_established: true,
+            },
+            Arc::new(Store::open(&format!("file://{}", t.path().join("store").display())).unwrap()),
+            Arc::new(StaticKey(Key::random())),
+            rt.handle().clone(),
+            Arc::new(Metrics::default()),
+        );
+        private_dir(&exec.cfg.plans_dir).unwrap();
+        let plan = |expires: u64| PlanFile {
+            v: PROTOCOL_VERSION,
+            container_id: None,
+            pod_uid: Some("live".into()),
+            container_name: Some("app".into()),
+            plan: Plan {
+                image_dir: t.path().join("images/live/app"),
+                rootfs_method: None,
+                checkpoint_ref: "l/1".into(),
+                tcp_established: true,
+            },
+            expires_at_unix_ms: Some(expires),
+        };
+        let live = planfile::path_for_pod(&exec.cfg.plans_dir, "live", "app").unwrap();
+        planfile::write(&live, &plan(now_ms() + 60_000)).unwrap();
+        assert_eq!(
+            exec.plan_for("cid", "live", "app")
+                .map(|p| p.checkpoint_ref),
+            Some("l/1".into())
+        );
+        assert!(exec.plan_for("cid", "live", "other").is_none());
+        // Expired plans are not offered.
+        planfile::write(&live, &plan(1)).unwrap();
+        assert!(exec.plan_for("cid", "live", "app").is_none());
+        planfile::write(&live, &plan(now_ms() + 60_000)).unwrap();
+
+        let gone = planfile::path_for_pod(&exec.cfg.plans_dir, "gone", "app").unwrap();
+        planfile::write(&gone, &plan(now_ms() + 60_000)).unwrap();
+        let consumed = exec.cfg.plans_dir.join("x.json.consumed");
+        std::fs::write(&consumed, "{}").unwrap();
+        for uid in ["live", "gone"] {
+            std::fs::create_dir_all(exec.cfg.images_dir.join(uid).join("app")).unwrap();
+        }
+        exec.sweep(&HashSet::from(["live".to_owned()]));
+        assert!(live.exists() && !gone.exists() && !consumed.exists());
+        assert!(exec.cfg.images_dir.join("live/app").exists());
+        assert!(!exec.cfg.images_dir.join("gone").exists());
+
+        exec.forget("live", "app");
+        assert!(!live.exists());
+        assert!(!exec.cfg.images_dir.join("live").exists());
+        // Unsafe names never reach the file system.
+        exec.forget("../x", "app");
+        assert!(!safe_component("../x") && !safe_component(".hidden") && safe_component("a-b_c.1"));
+    }
+}
