@@ -1120,6 +1120,205 @@ mod tests {
         assert!(seen.lock().unwrap().is_empty());
     }
 
+    /// A stand-in API server that answers `GET`s from `gets` (404 otherwise), echoes writes
+    /// and records every request.
+    fn routed_client(gets: Vec<(String, serde_json::Value)>) -> (Client, Seen) {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let gets = Arc::new(gets);
+        let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let (log, gets) = (log.clone(), gets.clone());
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = http_body_util::BodyExt::collect(body)
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                let (method, path) = (parts.method.to_string(), parts.uri.path().to_owned());
+                log.lock()
+                    .unwrap()
+                    .push((method.clone(), path.clone(), v.clone()));
+                let (status, out) = match method.as_str() {
+                    "GET" => match gets.iter().find(|(p, _)| *p == path) {
+                        Some((_, v)) => (200, v.clone()),
+                        None => (
+                            404,
+                            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404}),
+                        ),
+                    },
+                    "DELETE" => (
+                        200,
+                        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+                    ),
+                    "PATCH" => {
+                        // A status patch answers with the whole object; these tests only
+                        // need it to parse.
+                        let mut v = v;
+                        v["apiVersion"] = json!("stasis.dev/v1alpha1");
+                        v["kind"] = json!("PodCheckpoint");
+                        v["metadata"] = json!({"name": "x", "namespace": "prod"});
+                        v["spec"] = json!({"sourcePodName": "p"});
+                        (200, v)
+                    }
+                    _ => {
+                        let mut v = v;
+                        v["metadata"]["resourceVersion"] = json!("101");
+                        (200, v)
+                    }
+                };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(out.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        (Client::new(svc, "default"), seen)
+    }
+
+    fn succeeded(name: &str, lineage: &str, id: &CheckpointId, generation: u64) -> PodCheckpoint {
+        serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": name, "namespace": "prod", "labels": {"stasis.dev/policy": "counter"}},
+            "spec": {"sourcePodName": "p", "sourcePodUID": "uid-1", "reason": "Heartbeat"},
+            "status": {"phase": "Succeeded", "checkpointRef": format!("{lineage}/{id}"),
+                       "lineage": lineage, "generation": generation, "specHash": "blake3:x"}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_succeeded_checkpoint_is_published_then_retention_deletes_the_oldest() {
+        let w = WorkloadName::new("prod_deploy_counter").unwrap();
+        let mut lineage = Lineage::start(&w, "tok", &[]);
+        let ids: Vec<CheckpointId> = (1..=3u64)
+            .map(|i| CheckpointId::from_parts(1_700_000_000_000 + i * 10_000, i as u32))
+            .collect();
+        for id in &ids[..2] {
+            lineage
+                .publish(LineageCheckpoint {
+                    id: id.clone(),
+                    generation: 1,
+                    created_unix_ms: 1,
+                })
+                .unwrap();
+        }
+        let mut record = Record::new("prod", lineage.clone(), None);
+        record.resource_version = Some("9".into());
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
+        let (client, seen) = routed_client(vec![(
+            cm_path.clone(),
+            serde_json::to_value(record.to_config_map().unwrap()).unwrap(),
+        )]);
+        let l = lineage.id.as_str();
+        let cks = vec![
+            succeeded("ck-1", l, &ids[0], 1),
+            succeeded("ck-2", l, &ids[1], 1),
+            succeeded("ck-3", l, &ids[2], 1),
+        ];
+        // Policy: keepLast 2 (the context's policy has the default 3: use a fresh one).
+        let ctx = context(client, cks.clone());
+        let policy: CheckpointPolicy = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "CheckpointPolicy",
+            "metadata": {"name": "counter", "namespace": "prod"},
+            "spec": {"selector": {}, "interval": "10s", "retention": {"keepLast": 2}}
+        }))
+        .unwrap();
+        let ctx = Arc::new(Context {
+            policies: store_of(vec![policy]),
+            client: ctx.client.clone(),
+            records: ctx.records.clone(),
+            recorder: Recorder::new(
+                ctx.client.clone(),
+                Reporter {
+                    controller: MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            metrics: Metrics::default(),
+            cfg: ctx.cfg.clone(),
+            checkpoints: ctx.checkpoints.clone(),
+            restores: store_of(vec![]),
+            record_maps: store_of(vec![]),
+            pods: store_of(vec![]),
+            skips: Mutex::new(HashMap::new()),
+            store: None,
+        });
+        reconcile_checkpoint(Arc::new(cks[2].clone()), ctx.clone())
+            .await
+            .unwrap();
+        let calls = seen.lock().unwrap().clone();
+        let writes: Vec<_> = calls.iter().filter(|(m, _, _)| m != "GET").collect();
+        assert_eq!(writes.len(), 3, "{calls:#?}");
+        // 1. publish: the record replaced at the version read, with the third checkpoint.
+        assert_eq!(
+            (writes[0].0.as_str(), writes[0].1.as_str()),
+            ("PUT", cm_path.as_str())
+        );
+        assert_eq!(writes[0].2["metadata"]["resourceVersion"], "9");
+        let published =
+            Record::from_config_map(&serde_json::from_value(writes[0].2.clone()).unwrap()).unwrap();
+        assert_eq!(published.lineage.checkpoints.len(), 3);
+        // 2. retention: the oldest leaves the record first (at the new version)...
+        assert_eq!(writes[1].2["metadata"]["resourceVersion"], "101");
+        let kept =
+            Record::from_config_map(&serde_json::from_value(writes[1].2.clone()).unwrap()).unwrap();
+        assert_eq!(
+            kept.lineage
+                .checkpoints
+                .iter()
+                .map(|c| c.id.clone())
+                .collect::<Vec<_>>(),
+            ids[1..].to_vec()
+        );
+        // 3. ...then its PodCheckpoint is deleted.
+        assert_eq!(
+            (writes[2].0.as_str(), writes[2].1.as_str()),
+            (
+                "DELETE",
+                "/apis/stasis.dev/v1alpha1/namespaces/prod/podcheckpoints/ck-1"
+            )
+        );
+        assert_eq!(ctx.metrics.checkpoints_deleted.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_from_a_fenced_generation_is_marked_failed() {
+        let w = WorkloadName::new("prod_deploy_counter").unwrap();
+        let mut lineage = Lineage::start(&w, "tok", &[]);
+        lineage.generation = 3;
+        let mut record = Record::new("prod", lineage.clone(), None);
+        record.resource_version = Some("9".into());
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
+        let (client, seen) = routed_client(vec![(
+            cm_path,
+            serde_json::to_value(record.to_config_map().unwrap()).unwrap(),
+        )]);
+        let id = CheckpointId::from_parts(1_700_000_000_000, 1);
+        let late = succeeded("late", lineage.id.as_str(), &id, 2);
+        let ctx = context(client, vec![late.clone()]);
+        reconcile_checkpoint(Arc::new(late), ctx.clone())
+            .await
+            .unwrap();
+        let calls = seen.lock().unwrap().clone();
+        let writes: Vec<_> = calls.iter().filter(|(m, _, _)| m != "GET").collect();
+        assert_eq!(writes.len(), 1, "{calls:#?}");
+        assert_eq!(
+            (writes[0].0.as_str(), writes[0].1.as_str()),
+            (
+                "PATCH",
+                "/apis/stasis.dev/v1alpha1/namespaces/prod/podcheckpoints/late/status"
+            )
+        );
+        let status = &writes[0].2["status"];
+        assert_eq!(status["phase"], "Failed");
+        assert_eq!(status["conditions"][0]["reason"], "Fenced");
+        assert_eq!(ctx.metrics.checkpoints_fenced.get(), 1);
+    }
+
     #[tokio::test]
     async fn pods_of_other_runtime_classes_are_left_alone() {
         let (client, seen) = recording_client();
