@@ -490,6 +490,11 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
     if view.in_flight() {
         let age = now.saturating_sub(view.created_unix_ms);
         let timeout = ctx.cfg.in_flight_timeout.as_millis() as u64;
+        if ck.spec.reason == CheckpointReason::Termination && age < timeout {
+            // The agent's final checkpoint (also for stops without a deletion timestamp, such as
+            // a graceful node shutdown): a replacement's claim waits for it (DESIGN §3).
+            note_final_in_flight(&ck, view.created_unix_ms, &ctx).await?;
+        }
         if age < timeout {
             return Ok(Action::requeue(Duration::from_millis(
                 timeout - age + 1_000,
@@ -585,6 +590,32 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
         }
     }
     Ok(Action::await_change())
+}
+
+/// Records an in-flight termination checkpoint in its lineage (`begin_final`), until its
+/// `timeoutSeconds` (default 30) plus 5 s after its creation, unless one is recorded already.
+async fn note_final_in_flight(
+    ck: &PodCheckpoint,
+    created_unix_ms: u64,
+    ctx: &Context,
+) -> Result<()> {
+    let Some((lineage_id, generation)) = checkpoint_lineage(ck) else {
+        return Ok(());
+    };
+    let Some(mut r) = ctx.records.get(&lineage_id).await? else {
+        return Ok(());
+    };
+    let secs = u64::try_from(ck.spec.timeout_seconds.unwrap_or(30).max(1)).unwrap_or(30);
+    let deadline = created_unix_ms + secs * 1000 + 5_000;
+    if r.lineage.final_deadline_unix_ms.is_some()
+        || generation != r.lineage.generation
+        || deadline <= now_ms()
+    {
+        return Ok(());
+    }
+    r.lineage.begin_final(deadline);
+    ctx.records.save(&r).await?;
+    Ok(())
 }
 
 /// Retention of one lineage under the checkpoint's policy: drops the ids from the record first
@@ -1317,6 +1348,41 @@ mod tests {
         assert_eq!(status["phase"], "Failed");
         assert_eq!(status["conditions"][0]["reason"], "Fenced");
         assert_eq!(ctx.metrics.checkpoints_fenced.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_running_termination_checkpoint_holds_claims_back() {
+        let w = WorkloadName::new("prod_deploy_counter").unwrap();
+        let lineage = Lineage::start(&w, "tok", &[]);
+        let mut record = Record::new("prod", lineage.clone(), None);
+        record.resource_version = Some("9".into());
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
+        let (client, seen) = routed_client(vec![(
+            cm_path.clone(),
+            serde_json::to_value(record.to_config_map().unwrap()).unwrap(),
+        )]);
+        let created = now_ms();
+        let fin: PodCheckpoint = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": "p-final-1", "namespace": "prod",
+                         "creationTimestamp": crate::k8s_time(created).0.to_string()},
+            "spec": {"sourcePodName": "p", "sourcePodUID": "uid-1", "reason": "Termination", "timeoutSeconds": 20},
+            "status": {"phase": "Running", "lineage": lineage.id.as_str(), "generation": 1}
+        }))
+        .unwrap();
+        let ctx = context(client, vec![fin.clone()]);
+        reconcile_checkpoint(Arc::new(fin), ctx).await.unwrap();
+        let calls = seen.lock().unwrap().clone();
+        let puts: Vec<_> = calls.iter().filter(|(m, _, _)| m == "PUT").collect();
+        assert_eq!(puts.len(), 1, "{calls:#?}");
+        let saved =
+            Record::from_config_map(&serde_json::from_value(puts[0].2.clone()).unwrap()).unwrap();
+        let deadline = saved.lineage.final_deadline_unix_ms.unwrap();
+        // Creation time has second precision.
+        assert!(
+            deadline + 1_000 >= created + 25_000 && deadline <= created + 25_000,
+            "{deadline} vs {created}"
+        );
     }
 
     #[tokio::test]
