@@ -298,11 +298,13 @@ pub fn refresh(r: &mut Record, state: &HolderState, now_ms: u64, phantom_after_m
         }
     }
     if let Some(deadline) = r.lineage.final_deadline_unix_ms {
+        // An ended pod (e.g. after a graceful node shutdown) still waits: its termination
+        // checkpoint publishes or fails, or the deadline passes.
         let pod_gone_quietly = matches!(
             state,
             HolderState::Gone {
                 final_in_flight: false
-            } | HolderState::Ended
+            }
         );
         if deadline <= now_ms || (r.lineage.orphaned && pod_gone_quietly) {
             r.lineage.end_final();
@@ -417,6 +419,13 @@ mod tests {
         let mut r = record("bbbbbbbb", 1_000);
         assert!(refresh(&mut r, &HolderState::Ended, 2_000, 60_000));
         assert!(r.lineage.orphaned && r.holder_token().is_none());
+        // An ended holder with a final checkpoint in flight keeps the wait until its deadline.
+        let mut r = record("dddddddd", 1_000);
+        r.lineage.begin_final(10_000);
+        assert!(refresh(&mut r, &HolderState::Ended, 2_000, 60_000));
+        assert_eq!(r.lineage.final_deadline_unix_ms, Some(10_000));
+        assert!(refresh(&mut r, &HolderState::Ended, 10_000, 60_000));
+        assert_eq!(r.lineage.final_deadline_unix_ms, None);
         let mut r = record("cccccccc", 1_000);
         assert!(!refresh(&mut r, &HolderState::Running, 99_000, 60_000));
         assert_eq!(r.holder_token(), Some("cccccccc"));
