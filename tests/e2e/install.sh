@@ -158,8 +158,30 @@ check "... and the old pods left the nodes installed (new owner in the manifest)
 check "... the handler is still registered" bash -c "for n in $NODES; do kubectl get node \$n -o jsonpath='{.status.runtimeHandlers[*].name}' | tr ' ' '\n' | grep -qx stasis || exit 1; done"
 check "... the opted-in pod still runs" kubectl -n "$NS" exec opted-in -- /testapp hostname
 
-# ------------------------------------------------------------------ uninstall
-kubectl -n "$NS" delete pod opted-in --wait=true --timeout=60s >/dev/null
+# ------------------------------------------------------------------ uninstall with an opted-in pod running
+[ $AGENT_REAL = 1 ] || kubectl label node $NODES stasis.dev/ready- >/dev/null
+t=$(date +%s.%N)
+out=$("$CLUSTER" uninstall-stasis 2>&1); rc=$?
+echo "$out" | sed 's/^/# /'
+check "uninstall-stasis with an opted-in pod running" test $rc -eq 0
+echo "# uninstall-stasis: $(secs "$t") s"
+check "... says it kept the runtime handler on worker-1 for it" grep -q 'kept the stasis runtime handler .* on worker-1:' <<<"$out"
+check "... the opted-in pod keeps running and answers (exec)" kubectl -n "$NS" exec opted-in -- /testapp get http://localhost:8080/
+check "... stasis-runc and the drop-in kept on worker-1, gone from worker-2" bash -c \
+  "test -x '$R1/opt/stasis/bin/stasis-runc' && test -f '$R1/etc/containerd/conf.d/90-stasis.toml' && R2=\$('$CLUSTER' node-root worker-2) && test ! -e \$R2/opt/stasis/bin/stasis-runc && test ! -e \$R2/etc/containerd/conf.d/90-stasis.toml"
+check "... the runtime handler is gone from worker-2" retry 30 bash -c \
+  "! kubectl get node worker-2 -o jsonpath='{.status.runtimeHandlers[*].name}' | tr ' ' '\n' | grep -qx stasis"
+out=$(kubectl -n "$NS" run late --image=stasis.local/testapp:dev --image-pull-policy=Never \
+  --overrides='{"apiVersion":"v1","spec":{"runtimeClassName":"stasis"}}' 2>&1); rc=$?
+refused() { [ "$rc" -ne 0 ] && grep -q 'RuntimeClass "stasis" not found' <<<"$out"; }
+check "... a new opted-in pod is refused ($(tail -1 <<<"$out"))" refused
+t=$(date +%s.%N)
+check "... the opted-in pod stops when deleted (through the kept wrapper)" kubectl -n "$NS" delete pod opted-in --wait=true --timeout=60s
+echo "# delete of the opted-in pod after uninstall: $(secs "$t") s"
+
+# ------------------------------------------------------------------ install and uninstall again: nothing left
+out=$(STASIS_INSTALL_NO_BUILD=1 "$CLUSTER" install-stasis 2>&1); rc=$?
+check "install-stasis again after the uninstall" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
 [ $AGENT_REAL = 1 ] || kubectl label node $NODES stasis.dev/ready- >/dev/null
 t=$(date +%s.%N)
 out=$("$CLUSTER" uninstall-stasis 2>&1); rc=$?

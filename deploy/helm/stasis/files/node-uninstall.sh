@@ -8,10 +8,11 @@
 #   node-uninstall.sh wait    wait for SIGTERM, then uninstall
 #   node-uninstall.sh now     uninstall now (whatever pod installed)
 #
-# Undoes: the drop-in (then restarts containerd), /opt/stasis/bin/stasis-runc — unless containers
-# of the handler still run on the node: they call it for kill and delete, so it stays (without the
-# agent it behaves as plain runc) and the log says so —, the CRIU it installed, the agent's state
-# (/run/stasis, /var/lib/stasis contents) and the manifest.
+# Undoes: the drop-in (then restarts containerd) and /opt/stasis/bin/stasis-runc — unless
+# containers of the handler still run on the node: containerd needs the handler for their exec,
+# logs and stop, and their shims call stasis-runc (plain runc without the agent), so both stay and
+# the log says so —, the CRIU it installed, the agent's state (/run/stasis, /var/lib/stasis
+# contents) and the manifest.
 set -u
 
 HOST=${HOST:-/host}
@@ -34,8 +35,8 @@ handler_containers() {
     [ -f "$o" ] || continue
     grep -q "$BIN/stasis-runc" "$o" 2>/dev/null || continue
     d=${o%/options.json}
-    # a task whose shim is gone is not running (the pod has hostPID: /proc is the node's)
-    pid=$(cat "$d/shim.pid" 2>/dev/null || true)
+    # a task whose init process is gone is not running (the pod has hostPID: /proc is the node's)
+    pid=$(cat "$d/init.pid" 2>/dev/null || true)
     [ -n "$pid" ] && [ -d "/proc/$pid" ] || continue
     echo "${d##*/}"
   done
@@ -52,7 +53,12 @@ uninstall() {
     return 0
   fi
   restart=no
-  if [ -f "$HOST$CONFIG_DIR/$DROPIN" ]; then
+  running=$(handler_containers | tr '\n' ' ')
+  if [ -n "$running" ]; then
+    # containerd needs the handler's config for exec, logs and stop of these pods' containers,
+    # and their shims call stasis-runc: both stay (no agent: plain runc), no restart
+    log "containers of the $HANDLER handler still run on this node ($running): $CONFIG_DIR/$DROPIN and $BIN/stasis-runc stay for them until they end (install and uninstall again to remove them)"
+  elif [ -f "$HOST$CONFIG_DIR/$DROPIN" ]; then
     if head -n1 "$HOST$CONFIG_DIR/$DROPIN" | grep -qF "$MARK"; then
       rm -f "$HOST$CONFIG_DIR/$DROPIN"; restart=yes
       log "removed $CONFIG_DIR/$DROPIN"
@@ -60,12 +66,7 @@ uninstall() {
       log "WARNING: $CONFIG_DIR/$DROPIN was not written by the installer: left alone"
     fi
   fi
-  running=$(handler_containers | tr '\n' ' ')
-  if [ -n "$running" ]; then
-    log "containers of the $HANDLER handler still run on this node ($running): $BIN/stasis-runc stays for them (their shim calls it to stop them; without the agent it is plain runc)"
-  else
-    rm -f "$HOST$BIN/stasis-runc"
-  fi
+  [ -n "$running" ] || rm -f "$HOST$BIN/stasis-runc"
   # CRIU, only what the installer put there
   for p in $(awk '$1 == "path" {print $2}' "$HOST$MANIFEST" 2>/dev/null); do
     case $p in
@@ -83,7 +84,7 @@ uninstall() {
     [ -d "$HOST$d" ] || continue
     find "$HOST$d" -mindepth 1 -maxdepth 1 ! -name "$(basename "$RESTART_FILE")" -exec rm -rf {} + 2>/dev/null
   done
-  log "removed stasis from the node${running:+ (but $BIN/stasis-runc)}"
+  log "removed stasis from the node${running:+ (but the drop-in and $BIN/stasis-runc)}"
   # last: a restart ends the exec streams of this pod, never the work above
   if [ $restart = yes ]; then
     case $RESTART in
