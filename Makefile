@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images platform demo test lint unit integration e2e bench clean cluster-up cluster-down
+.PHONY: help setup build images platform demo test lint unit integration e2e e2e-install bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ integration: setup images platform ## integration tests: real CRIU, runc, S3 ser
 
 e2e: setup ## end-to-end tests on the local Kubernetes cluster (builds it from source on first use)
 	tests/e2e/cluster.sh
+
+e2e-install: setup images ## chart install/uninstall on the local cluster (tests/e2e/install.sh; not yet part of make test)
+	tests/e2e/install.sh
 
 test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc), e2e (local cluster)
 	$(CARGO) build --locked --workspace --all-targets
