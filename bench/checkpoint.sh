@@ -30,7 +30,8 @@ cleanup() {
   for id in $(runc --root "$R" list -q 2>/dev/null); do runc --root "$R" delete -f "$id" >/dev/null 2>&1 || true; done
   rm -rf "$SHM_DIR"
 }
-trap cleanup EXIT
+# The stores and images of a 2 GiB run take ~6 GiB of disk: removed at exit (KEEP_BENCH=1 keeps them).
+trap 'cleanup; [[ ${KEEP_BENCH:-0} == 1 ]] || rm -rf "$BENCH_DIR"' EXIT
 cleanup
 rm -rf "$BENCH_DIR"; mkdir -p "$BENCH_DIR" "$SHM_DIR"
 "$STASIS" key generate "$STASIS_KEY_FILE" >/dev/null
