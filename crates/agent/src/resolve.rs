@@ -14,20 +14,7 @@ use stasis_node_api::PodRef;
 
 use crate::error::{AgentError, Result};
 
-pub const CONTAINER_TYPE: &[&str] = &[
-    "io.kubernetes.cri.container-type",
-    "io.kubernetes.cri-o.ContainerType",
-];
-pub const POD_UID: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
-pub const POD_NAMESPACE: &[&str] = &[
-    "io.kubernetes.cri.sandbox-namespace",
-    "io.kubernetes.pod.namespace",
-];
-pub const POD_NAME: &[&str] = &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
-pub const CONTAINER_NAME: &[&str] = &[
-    "io.kubernetes.cri.container-name",
-    "io.kubernetes.container.name",
-];
+pub use stasis_node_api::cri::ContainerKind as Kind;
 
 /// What runc's state file says about one container (the fields the agent uses).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,32 +27,9 @@ pub struct RuncContainer {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// The kind of a container, from its annotations.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kind {
-    Sandbox,
-    App(PodRef),
-    /// No CRI annotations: a container known by its id only.
-    Plain,
-}
-
-fn first<'a>(a: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
-    keys.iter().find_map(|k| a.get(*k)).map(String::as_str)
-}
-
 impl RuncContainer {
     pub fn kind(&self) -> Kind {
-        let a = &self.annotations;
-        match first(a, CONTAINER_TYPE) {
-            Some("sandbox") => Kind::Sandbox,
-            Some(_) => Kind::App(PodRef {
-                pod_uid: first(a, POD_UID).unwrap_or_default().to_owned(),
-                pod_namespace: first(a, POD_NAMESPACE).unwrap_or_default().to_owned(),
-                pod_name: first(a, POD_NAME).unwrap_or_default().to_owned(),
-                container_name: first(a, CONTAINER_NAME).unwrap_or_default().to_owned(),
-            }),
-            None => Kind::Plain,
-        }
+        stasis_node_api::cri::classify(&self.annotations)
     }
 
     pub fn pod(&self) -> Option<PodRef> {

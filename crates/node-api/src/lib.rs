@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod codec;
+pub mod cri;
 pub mod planfile;
 pub mod proto;
 pub mod server;

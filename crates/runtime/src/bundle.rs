@@ -13,22 +13,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use stasis_node_api::PodRef;
 
-pub const CONTAINER_TYPE: &[&str] = &[
-    "io.kubernetes.cri.container-type",
-    "io.kubernetes.cri-o.ContainerType",
-];
-pub const POD_UID: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
-pub const POD_NAMESPACE: &[&str] = &[
-    "io.kubernetes.cri.sandbox-namespace",
-    "io.kubernetes.pod.namespace",
-];
-pub const POD_NAME: &[&str] = &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
-pub const CONTAINER_NAME: &[&str] = &[
-    "io.kubernetes.cri.container-name",
-    "io.kubernetes.container.name",
-];
+pub use stasis_node_api::cri::{
+    classify, ContainerKind, CONTAINER_NAME, CONTAINER_TYPE, POD_NAME, POD_NAMESPACE, POD_UID,
+};
+
 /// A pod annotation that forces a cold start (containerd passes pod annotations into the
 /// container's OCI annotations when the runtime handler lists them in `pod_annotations`; the
 /// chart registers `stasis` with `pod_annotations = ["stasis.dev/*"]`).
@@ -119,35 +108,6 @@ pub fn parse(dir: &Path, raw: &[u8]) -> Result<Bundle, serde_json::Error> {
     })
 }
 
-/// What kind of container a bundle is for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ContainerKind {
-    /// A pod sandbox (the pause container): never restored, never checkpointed on its own.
-    Sandbox,
-    /// An application container of a pod.
-    App(PodRef),
-    /// No CRI annotations (plain runc use, tests): a container known only by its id.
-    Plain,
-}
-
-fn first<'a>(a: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
-    keys.iter().find_map(|k| a.get(*k)).map(String::as_str)
-}
-
-/// Classifies a container by its annotations.
-pub fn classify(a: &BTreeMap<String, String>) -> ContainerKind {
-    match first(a, CONTAINER_TYPE) {
-        Some("sandbox") => ContainerKind::Sandbox,
-        Some(_) => ContainerKind::App(PodRef {
-            pod_uid: first(a, POD_UID).unwrap_or_default().to_owned(),
-            pod_namespace: first(a, POD_NAMESPACE).unwrap_or_default().to_owned(),
-            pod_name: first(a, POD_NAME).unwrap_or_default().to_owned(),
-            container_name: first(a, CONTAINER_NAME).unwrap_or_default().to_owned(),
-        }),
-        None => ContainerKind::Plain,
-    }
-}
-
 /// Whether the pod asks for a cold start.
 pub fn forces_cold_start(a: &BTreeMap<String, String>) -> bool {
     a.get(FORCE_COLD_START)
@@ -181,6 +141,7 @@ pub fn annotations_from_runc_state(raw: &[u8]) -> Option<BTreeMap<String, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stasis_node_api::PodRef;
 
     const CRI_APP: &str = r#"{"ociVersion":"1.2.0","process":{"args":["/app"]},
       "root":{"path":"rootfs"},
