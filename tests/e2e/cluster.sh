@@ -41,6 +41,9 @@ check "worker-2 Ready" node_ready worker-2 True
 NS=e2e-cluster
 kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null 2>&1
 kubectl create namespace "$NS" >/dev/null
+# Pods of a new namespace are refused until the controller-manager has created its "default"
+# ServiceAccount ("error looking up service account"): wait for it (a race seen in CI runs).
+for _ in $(seq 150); do kubectl -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
 kubectl -n "$NS" create secret generic stasis-s3 --from-env-file <("$CLUSTER" env | sed 's/^export //') >/dev/null
 kubectl -n "$NS" apply -f - >/dev/null <<'EOF'
 apiVersion: apps/v1
