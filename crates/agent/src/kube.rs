@@ -840,10 +840,9 @@ pub async fn start(
     {
         let (pods, ready) = (pods.clone(), pods_ready.clone());
         tokio::spawn(async move {
-            if pods.wait_until_ready().await.is_ok() {
-                ready.store(true, Ordering::SeqCst);
-                info!(pods = pods.state().len(), "pods of this node known");
-            }
+            stasis_api::cache::wait_ready(&pods).await;
+            ready.store(true, Ordering::SeqCst);
+            info!(pods = pods.state().len(), "pods of this node known");
         });
     }
 
@@ -1031,7 +1030,11 @@ async fn recover(
         Err(e) => warn!(error = %e, "cannot list PodCheckpoints at start"),
     }
     // A restore is prepared only for a pod known to be here: wait for the pods of the node.
-    let _ = tokio::time::timeout(Duration::from_secs(30), cluster.pods.wait_until_ready()).await;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(30),
+        stasis_api::cache::wait_ready(&cluster.pods),
+    )
+    .await;
     match Api::<PodRestore>::all(client.clone())
         .list(&ListParams::default())
         .await

@@ -17,6 +17,8 @@
 //! The generated CRDs are committed at `deploy/helm/stasis/crds/stasis.dev.yaml` and
 //! `scripts/check-crd-drift` fails when they differ from what the types generate.
 
+#[cfg(feature = "runtime")]
+pub mod cache;
 pub mod checkpoint;
 pub mod condition;
 pub mod lineage;

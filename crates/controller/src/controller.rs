@@ -959,9 +959,9 @@ pub async fn run(setup: Setup) -> Result<()> {
     let pods = {
         let ctx = ctx.clone();
         async move {
-            let _ = ctx.checkpoints.wait_until_ready().await;
-            let _ = ctx.policies.wait_until_ready().await;
-            let _ = ctx.record_maps.wait_until_ready().await;
+            stasis_api::cache::wait_ready(&ctx.checkpoints).await;
+            stasis_api::cache::wait_ready(&ctx.policies).await;
+            stasis_api::cache::wait_ready(&ctx.record_maps).await;
             tracing::info!("caches ready: reconciling pods");
             pod_ctrl
                 .shutdown_on_signal()
@@ -973,8 +973,8 @@ pub async fn run(setup: Setup) -> Result<()> {
     let sweeper = {
         let ctx = ctx.clone();
         async move {
-            let _ = ctx.record_maps.wait_until_ready().await;
-            let _ = ctx.pods.wait_until_ready().await;
+            stasis_api::cache::wait_ready(&ctx.record_maps).await;
+            stasis_api::cache::wait_ready(&ctx.pods).await;
             loop {
                 tokio::time::sleep(ctx.cfg.sweep_every).await;
                 if let Err(e) = sweep(&ctx).await {

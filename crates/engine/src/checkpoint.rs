@@ -101,7 +101,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let mut guard = ThawGuard::arm(req.runc, req.id, !was_paused);
 
     let t = Instant::now();
-    let rootfs = rootfs::capture(&state.rootfs, started, req.image)?;
+    let rootfs = rootfs::capture(&state.rootfs, state.pid, started, req.image)?;
     let rootfs_ms = ms(t);
 
     let t = Instant::now();

@@ -83,7 +83,19 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
     out
 }
 
-pub fn detect(rootfs: &Path) -> RootfsKind {
+/// What the rootfs of the container whose init process is `pid` is.
+///
+/// Asked in the container's own mount namespace first (its `/`), which works wherever this
+/// process runs: the node agent runs in a pod of its own and need not see the container's mounts
+/// (no mount propagation). Then this process's view of the bundle's `rootfs` path.
+pub fn detect(rootfs: &Path, pid: i32) -> RootfsKind {
+    if pid > 0 {
+        if let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
+            if let kind @ RootfsKind::Overlay { .. } = detect_in(&info, Path::new("/")) {
+                return kind;
+            }
+        }
+    }
     let canon = rootfs
         .canonicalize()
         .unwrap_or_else(|_| rootfs.to_path_buf());
@@ -103,18 +115,21 @@ fn tar_cmd() -> Command {
 const CTIME_SLACK_NANOS: i128 = 100_000_000;
 
 /// Captures the filesystem changes of a frozen container into `image`.
-/// `started_nanos` is the container's creation time (Unix nanoseconds).
+/// `rootfs` is the bundle's rootfs and `pid` the container's init process (node paths and
+/// PIDs: [`tools::host_path`] maps them for in-process reads); `started_nanos` is the container's
+/// creation time (Unix nanoseconds).
 pub fn capture(
     rootfs: &Path,
+    pid: i32,
     started_nanos: i128,
     image: &ImageDir,
 ) -> Result<RootfsCapture, EngineError> {
     let dir = image.rootfs_dir();
     std::fs::create_dir_all(&dir).map_err(EngineError::io(&dir))?;
     let diff = image.rootfs_diff();
-    match detect(rootfs) {
+    match detect(rootfs, pid) {
         RootfsKind::Overlay { upper } => {
-            let (entries, whiteouts) = count_overlay(&upper)?;
+            let (entries, whiteouts) = count_overlay(&tools::host_path(&upper))?;
             tools::run_capture(
                 tar_cmd()
                     .arg("--create")
@@ -134,12 +149,13 @@ pub fn capture(
             })
         }
         RootfsKind::Plain => {
-            let root_dev = std::fs::metadata(rootfs)
-                .map_err(EngineError::io(rootfs))?
+            let seen = tools::host_path(rootfs);
+            let root_dev = std::fs::metadata(&seen)
+                .map_err(EngineError::io(&seen))?
                 .dev();
             let mut all = Vec::new();
             let mut changed = Vec::new();
-            walk(rootfs, rootfs, root_dev, &mut |rel, md| {
+            walk(&seen, &seen, root_dev, &mut |rel, md| {
                 all.push(rel.to_path_buf());
                 let ctime = i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec());
                 if ctime >= started_nanos - CTIME_SLACK_NANOS {
@@ -400,7 +416,7 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs() as i64;
-        let cap = capture(&rootfs, i128::from(now - 3600) * 1_000_000_000, &image).unwrap();
+        let cap = capture(&rootfs, 0, i128::from(now - 3600) * 1_000_000_000, &image).unwrap();
         assert_eq!(cap.method, RootfsMethod::ChangedSinceStart);
         assert!(cap.entries >= 4);
 
@@ -468,7 +484,7 @@ mod tests {
         let rootfs = t.path().join("rootfs");
         write(&rootfs.join("old"), "x");
         let image = ImageDir::new(t.path().join("image"));
-        let cap = capture(&rootfs, i128::MAX / 2, &image).unwrap();
+        let cap = capture(&rootfs, 0, i128::MAX / 2, &image).unwrap();
         assert_eq!(cap.entries, 0);
         let fresh = t.path().join("fresh");
         write(&fresh.join("old"), "x");

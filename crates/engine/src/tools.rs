@@ -22,6 +22,21 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// Where this process sees a path of the node (the machine whose runc runs the containers).
+///
+/// `STASIS_HOST_ROOT` (default `/`): the node agent runs in a pod that sees the node's `/` at
+/// `/host`, while the paths runc and the kernel report (an overlay's `upperdir`, a bundle's
+/// rootfs) are the node's. In-process reads of such paths go through this; the external tools
+/// get the node's paths unchanged (the chart runs them in the node's `/`, `chroot /host`).
+pub fn host_path(p: &Path) -> PathBuf {
+    match std::env::var_os("STASIS_HOST_ROOT") {
+        Some(root) if !root.is_empty() && root != "/" => {
+            PathBuf::from(root).join(p.strip_prefix("/").unwrap_or(p))
+        }
+        _ => p.to_path_buf(),
+    }
+}
+
 /// The CRIU binary: `$STASIS_CRIU`, else `criu` on PATH.
 pub fn criu_binary() -> Result<PathBuf, EngineError> {
     if let Some(p) = std::env::var_os("STASIS_CRIU") {

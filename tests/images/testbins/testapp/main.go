@@ -2,6 +2,7 @@
 //
 //	testapp serve [ADDR]            HTTP server (default :8080): "/" answers "hello from <hostname>"
 //	testapp get URL                 GET a URL, print the body (exit 1 unless 2xx)
+//	testapp tcp HOST:PORT           connect, print what the server sends until it closes
 //	testapp hostname                print the hostname
 //	testapp s3put BUCKET KEY VALUE  PUT an object (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
 //	testapp s3get BUCKET KEY        GET an object  AWS_SECRET_ACCESS_KEY; SigV4, path style)
@@ -16,6 +17,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -28,7 +30,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testapp serve|get|hostname|s3put|s3get|sleep")
+		fmt.Fprintln(os.Stderr, "usage: testapp serve|get|tcp|hostname|s3put|s3get|sleep")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -47,6 +49,13 @@ func main() {
 			fmt.Fprintln(os.Stderr, "status", resp.Status)
 			os.Exit(1)
 		}
+	case "tcp":
+		conn, err := net.DialTimeout("tcp", os.Args[2], 5*time.Second)
+		check(err)
+		check(conn.SetReadDeadline(time.Now().Add(10 * time.Second)))
+		body, err := io.ReadAll(conn)
+		check(err)
+		fmt.Print(string(body))
 	case "hostname":
 		h, _ := os.Hostname()
 		fmt.Println(h)
