@@ -7,7 +7,7 @@
 #
 #   a. drain after two heartbeat checkpoints -> restored on the other node, Service answers
 #   b. node loss (kill-node) -> restored from the last heartbeat; the dead node publishes nothing
-#   c. OOM kill from outside -> restarted in place from the latest checkpoint (see below)
+#   c. OOM kill from outside -> restarted in place from the latest checkpoint
 #   d. delete with a 30 s grace period -> final checkpoint, the replacement resumes within 1 s
 #   e. declared engine version changed -> cold start, ColdStart Event naming the mismatch
 #   f. a user without the restore permission: PodRestore denied, a bare pod gets no memory
@@ -274,8 +274,48 @@ kubectl delete namespace "$NS" --wait=false >/dev/null
 fi
 # ------------------------------------------------------------------ c. OOM kill
 if want c; then
-echo "# --- c. OOM kill"
-skip "c: OOM kill restored in place" "not built yet: a container restarted in place by the kubelet gets no restore plan (the kubelet's restart does not go through admission, and the plan must be on the node before the restart's create)"
+echo "# --- c. OOM kill from outside the workload"
+NS=e2e-oom
+new_ns "$NS"
+policy "$NS" every-10s oom 10s
+counter "$NS" oom 1 64
+P1=""
+oom_counting() { local p; p=$(one_pod "$NS" oom) && counting "$NS" "$p"; }
+retry 90 oom_counting && P1=$(one_pod "$NS" oom)
+if [ -z "$P1" ]; then fail "c: the counter pod runs"; diagnose "$NS"; else
+  NO=$(node_of "$NS" "$P1")
+  check "c: a heartbeat of $P1 Succeeded" retry 60 n_ckpts "$NS" "$P1" 1
+  follow "$NS" "$P1"
+  sleep 1
+  LAST=$(ckpts "$NS" "$P1" | tail -1)
+  C_CKPT=$(count_before "$P1" "${LAST%% *}")
+  CID=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].containerID}'); CID=${CID#containerd://}
+  PID=$(jq -r .init_process_pid "$("$CLUSTER" node-root "$NO")/run/containerd/runc/k8s.io/$CID/state.json" 2>/dev/null)
+  # SIGRTMIN: the counter grows its memory until the OOM killer acts (its limit is 256 MiB)
+  check "c: SIGRTMIN to the counter (pid $PID on $NO) from the host" kill -s RTMIN "$PID"
+  t=$(date +%s.%N)
+  restarted() { [ "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1 ] && counting "$NS" "$P1"; }
+  if check "c: the container is restarted in place and counts again" retry 60 restarted; then
+    echo "# counting again $(secs "$t") s after the signal"
+    C_KILL=$(last_count "$P1"); C_FIRST=$(first_count "$NS" "$P1")
+    echo "# count at the last heartbeat >= $C_CKPT, last count before the OOM kill: $C_KILL, first count after the restart: $C_FIRST"
+    check "c: the kubelet saw an OOM kill (lastState.terminated.reason)" test \
+      "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.reason}')" = OOMKilled
+    check "c: it resumed from the latest checkpoint: first count ($C_FIRST) >= $C_CKPT" ge "$C_FIRST" "$C_CKPT"
+    check "c: ... and <= the last count before the kill + 1 ($C_KILL)" ge "$((C_KILL + 1))" "$C_FIRST"
+    check "c: never state=CORRUPT" not_corrupt "$NS" "$P1"
+    restored_in_place() { kubectl -n "$NS" get prestore -o json | jq -e --arg p "$P1" '[.items[] | select(.spec.targetPodName == $p and (.metadata.name | contains("-oom-")) and .status.phase == "Restored")] | length == 1'; }
+    check "c: a PodRestore of the restart in place, Restored" retry 30 restored_in_place
+    check "c: a Restored Event on the pod" retry 30 bash -c "kubectl -n $NS get events --field-selector involvedObject.name=$P1,reason=Restored -o name | grep -q ."
+    event "$NS" "$P1" Restored | sed 's/^/#   /'
+    sleep 15
+    check "c: no second OOM kill follows (restartCount still 1 after 15 s)" test \
+      "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" = 1
+  else
+    diagnose "$NS"
+  fi
+fi
+kubectl delete namespace "$NS" --wait=false >/dev/null
 
 fi
 # ------------------------------------------------------------------ d. graceful termination

@@ -59,7 +59,22 @@ pub struct ExecutorConfig {
     pub plan_ttl: Duration,
     /// Dump established TCP connections (`--tcp-established`).
     pub tcp_established: bool,
+    /// Keep each container's latest checkpoint images (`<images>/<pod-uid>/.latest-<container>`)
+    /// after the upload, for a restart in place (an OOM kill) without a fetch.
+    pub keep_latest: bool,
 }
+
+/// What a kept latest checkpoint is (`.stasis-latest.json` in its directory).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct KeptLatest {
+    checkpoint_ref: String,
+    rootfs_method: Option<stasis_core::manifest::RootfsMethod>,
+    tcp_established: bool,
+}
+const KEPT_LATEST: &str = ".stasis-latest.json";
+/// Written when a kept checkpoint is planned for a restart in place: a second OOM kill before
+/// the next checkpoint does not restore it again (no restore loop).
+const RESTORED_IN_PLACE: &str = ".stasis-restored-in-place";
 
 /// Which container to checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +215,18 @@ impl Scratch {
         ));
         private_dir(&p)?;
         Ok(Scratch(p))
+    }
+}
+
+impl Scratch {
+    /// Keeps the directory: moves it to `to` (same filesystem), replacing what is there.
+    fn keep(self, to: &Path) -> Result<()> {
+        if to.exists() {
+            std::fs::remove_dir_all(to).map_err(AgentError::io(to))?;
+        }
+        let r = std::fs::rename(&self.0, to).map_err(AgentError::io(to));
+        drop(self);
+        r
     }
 }
 
@@ -394,9 +421,20 @@ impl Executor {
                 })??,
         };
         let upload_ms = ms(t);
-        drop(scratch);
         let reference = manifest.reference();
         let verdict = fence();
+        if self.cfg.keep_latest && !matches!(verdict, Verdict::Fenced(_)) {
+            let kept = KeptLatest {
+                checkpoint_ref: reference.to_string(),
+                rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
+                tcp_established: self.cfg.tcp_established,
+            };
+            if let Err(e) = self.keep_latest(scratch, &pod.pod_uid, &container_name, &kept) {
+                warn!(%reference, error = %e, "could not keep the checkpoint's images on the node");
+            }
+        } else {
+            drop(scratch);
+        }
         if let Verdict::Fenced(why) = &verdict {
             warn!(%reference, %why, "fenced after upload: deleting the manifest");
             if let Err(e) = self.rt.block_on(self.store.delete_checkpoint(&reference)) {
@@ -421,6 +459,79 @@ impl Executor {
 
     fn pod_images(&self, pod_uid: &str) -> PathBuf {
         self.cfg.images_dir.join(pod_uid)
+    }
+
+    fn kept_dir(&self, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
+        (safe_component(pod_uid) && safe_component(container_name)).then(|| {
+            self.pod_images(pod_uid)
+                .join(format!(".latest-{container_name}"))
+        })
+    }
+
+    fn keep_latest(
+        &self,
+        scratch: Scratch,
+        pod_uid: &str,
+        container_name: &str,
+        kept: &KeptLatest,
+    ) -> Result<()> {
+        let Some(dir) = self.kept_dir(pod_uid, container_name) else {
+            return Ok(());
+        };
+        private_dir(&self.cfg.images_dir)?;
+        private_dir(&self.pod_images(pod_uid))?;
+        scratch.keep(&dir)?;
+        planfile::write_verified_stamp(&dir, &kept.checkpoint_ref).map_err(AgentError::io(&dir))?;
+        let f = dir.join(KEPT_LATEST);
+        std::fs::write(&f, serde_json::to_vec(kept).unwrap_or_default()).map_err(AgentError::io(&f))
+    }
+
+    /// A restart in place (the container was OOM-killed): a plan file for the container's kept
+    /// latest checkpoint, which the wrapper's `create` of the restarted container takes. `Err`
+    /// says why not: nothing kept, or the kept checkpoint was restored in place already (it
+    /// ended the same way: a cold start, not a restore loop).
+    pub fn plan_in_place(
+        &self,
+        pod_uid: &str,
+        container_name: &str,
+    ) -> std::result::Result<Plan, String> {
+        let dir = self
+            .kept_dir(pod_uid, container_name)
+            .ok_or_else(|| "no valid pod UID and container name".to_owned())?;
+        let kept: KeptLatest = std::fs::read(dir.join(KEPT_LATEST))
+            .ok()
+            .and_then(|raw| serde_json::from_slice(&raw).ok())
+            .ok_or_else(|| "no checkpoint of this container kept on this node".to_owned())?;
+        if dir.join(RESTORED_IN_PLACE).exists() {
+            return Err(format!(
+                "its latest checkpoint {} was restored in place already and the container was OOM-killed again (no restore loop)",
+                kept.checkpoint_ref
+            ));
+        }
+        let plan = Plan {
+            image_dir: dir.clone(),
+            rootfs_method: kept.rootfs_method,
+            checkpoint_ref: kept.checkpoint_ref.clone(),
+            tcp_established: kept.tcp_established,
+        };
+        let plan_path = planfile::path_for_pod(&self.cfg.plans_dir, pod_uid, container_name)
+            .ok_or_else(|| "no plan path for this pod".to_owned())?;
+        private_dir(&self.cfg.plans_dir).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join(RESTORED_IN_PLACE), b"").map_err(|e| e.to_string())?;
+        planfile::write(
+            &plan_path,
+            &PlanFile {
+                v: PROTOCOL_VERSION,
+                container_id: None,
+                pod_uid: Some(pod_uid.to_owned()),
+                container_name: Some(container_name.to_owned()),
+                plan: plan.clone(),
+                expires_at_unix_ms: Some(now_ms() + self.cfg.plan_ttl.as_millis() as u64),
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        info!(checkpoint_ref = %kept.checkpoint_ref, %pod_uid, container = %container_name, "restart in place prepared");
+        Ok(plan)
     }
 
     /// Fetches, verifies and unpacks a checkpoint for a pod on this node and writes the plan
@@ -748,6 +859,7 @@ mod tests {
                 node_name: "n".into(),
                 plan_ttl: Duration::from_secs(60),
                 tcp_established: true,
+                keep_latest: true,
             },
             Arc::new(Store::open(&format!("file://{}", t.path().join("store").display())).unwrap()),
             Arc::new(StaticKey(Key::random())),

@@ -107,6 +107,8 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
         declared: stasis_api::lineage::declared(labels, annotations),
         deletion_deadline: m.deletion_timestamp.as_ref().map(to_system_time),
         final_wanted,
+        restarts_in_place: pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref())
+            != Some("Never"),
     }
 }
 
@@ -521,6 +523,65 @@ impl Cluster for KubeCluster {
             );
             self.finish_checkpoint(&pod.key.namespace, name, &prev, pod, result);
         }
+    }
+
+    fn restart_in_place(
+        &self,
+        pod: &PodInfo,
+        container: &str,
+        decision: std::result::Result<&str, &str>,
+    ) {
+        let key = pod.key.clone();
+        let checkpoint = match decision {
+            Ok(c) => c.to_owned(),
+            Err(reason) => {
+                let msg =
+                    format!("container {container} was OOM-killed; it restarts cold: {reason}");
+                self.rt.block_on(self.emit(&key, "ColdStart", &msg, true));
+                return;
+            }
+        };
+        // The auditable record of the restore (DESIGN §3), named after the pod and the
+        // checkpoint; the wrapper's report turns it Restored (or ColdStart) like any other.
+        let id = checkpoint
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let base: String = key.name.chars().take(180).collect();
+        let name = format!("{base}-oom-{id}");
+        let mut r = PodRestore::new(
+            &name,
+            stasis_api::PodRestoreSpec {
+                checkpoint_ref: checkpoint.clone(),
+                target_pod_name: key.name.clone(),
+                target_pod_uid: Some(key.uid.clone()),
+                source_pod_name: Some(key.name.clone()),
+                lineage: Some(pod.stamp.lineage.to_string()),
+                generation: Some(pod.stamp.generation as i64),
+            },
+        );
+        r.metadata.labels = Some(BTreeMap::from([(
+            CREATED_BY_LABEL.to_owned(),
+            MANAGER.to_owned(),
+        )]));
+        self.rt.block_on(async {
+            let api: Api<PodRestore> = Api::namespaced(self.client.clone(), &key.namespace);
+            match api.create(&PostParams::default(), &r).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => warn!(pod = %key.name, error = %e, "cannot record the restore in place"),
+            }
+            let s = status::restore(
+                &Default::default(),
+                RestorePhase::Ready,
+                &self.node,
+                Some(format!(
+                    "restart in place after an OOM kill, from {checkpoint} (kept on this node)"
+                )),
+                status::now(),
+            );
+            self.patch_restore_status(&key.namespace, &name, &s).await;
+        });
     }
 
     fn report(&self, req: &ReportRequest) {

@@ -86,6 +86,11 @@ struct Args {
     /// Do not dump established TCP connections.
     #[arg(long)]
     no_tcp_established: bool,
+    /// Do not keep each container's latest checkpoint images on the node (they make a container
+    /// killed by the OOM killer restart from its latest checkpoint in place, without a fetch;
+    /// they take the size of the container's memory on disk until the pod leaves the node).
+    #[arg(long, env = "STASIS_NO_KEEP_LATEST")]
+    no_keep_latest: bool,
     /// No Kubernetes: serve the node API and metrics only.
     #[arg(long, env = "STASIS_STANDALONE")]
     standalone: bool,
@@ -140,6 +145,7 @@ fn main() -> anyhow::Result<()> {
         check_interval: Duration::from_secs(a.check_interval_secs.max(1)),
         plan_ttl: Duration::from_secs(a.plan_ttl_secs.max(1)),
         tcp_established: !a.no_tcp_established,
+        keep_latest: !a.no_keep_latest,
         standalone: a.standalone,
     };
     stasis_agent::run::run(cfg, &rt).context("stasisd")?;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use stasis_core::WorkloadName;
 use stasis_node_api::{
-    FinalCheckpointRequest, PodRef, ReportEvent, ReportRequest, ResponseBody, RestorePlanRequest,
+    ContainerExitedRequest, FinalCheckpointRequest, PodRef, ReportEvent, ReportRequest,
+    ResponseBody, RestorePlanRequest,
 };
 use tracing::{info, warn};
 
@@ -28,6 +29,8 @@ pub struct PodInfo {
     pub declared: BTreeMap<String, String>,
     /// `metadata.deletionTimestamp` (the end of the grace period) when the pod is terminating.
     pub deletion_deadline: Option<SystemTime>,
+    /// Whether the kubelet restarts its containers in place (`restartPolicy` not `Never`).
+    pub restarts_in_place: bool,
     /// Whether a termination checkpoint is wanted (a policy selects the pod with
     /// `onTermination: true`); the reason when not.
     pub final_wanted: std::result::Result<(), String>,
@@ -50,6 +53,14 @@ pub trait Cluster: Send + Sync {
     );
     /// The wrapper's report of a restore or a cold start.
     fn report(&self, req: &ReportRequest);
+    /// A container of `pod` was OOM-killed: `Ok(checkpoint)` when its restart restores that
+    /// checkpoint in place (record it), `Err(reason)` when it starts cold (say why).
+    fn restart_in_place(
+        &self,
+        pod: &PodInfo,
+        container: &str,
+        decision: std::result::Result<&str, &str>,
+    );
 }
 
 /// No cluster: pods are known from the container annotations alone, nothing fences, nothing is
@@ -70,6 +81,7 @@ impl Cluster for Standalone {
             declared: BTreeMap::new(),
             deletion_deadline: None,
             final_wanted: Ok(()),
+            restarts_in_place: true,
         })
     }
     fn fence(&self, _stamp: &Stamp) -> Verdict {
@@ -80,6 +92,7 @@ impl Cluster for Standalone {
     }
     fn checkpoint_finished(&self, _: Option<&str>, _: &PodInfo, _: &Result<CheckpointOutcome>) {}
     fn report(&self, _: &ReportRequest) {}
+    fn restart_in_place(&self, _: &PodInfo, _: &str, _: std::result::Result<&str, &str>) {}
 }
 
 /// Pods with a checkpoint in progress: one at a time per pod.
@@ -260,6 +273,40 @@ impl NodeHandler for Agent {
 
     fn final_checkpoint(&self, req: &FinalCheckpointRequest) -> ResponseBody {
         self.final_checkpoint_inner(req)
+    }
+
+    fn container_exited(&self, req: &ContainerExitedRequest) -> ResponseBody {
+        if !req.oom_killed {
+            return ResponseBody::NoPlan {
+                reason: "not killed by the OOM killer".into(),
+            };
+        }
+        let Some(pod) = self.cluster.pod(&req.pod) else {
+            return ResponseBody::NoPlan {
+                reason: "its pod is not known on this node".into(),
+            };
+        };
+        let name = req.pod.container_name.as_str();
+        let decision = if pod.deletion_deadline.is_some() {
+            Err("its pod is being deleted".to_owned())
+        } else if !pod.restarts_in_place {
+            Err("its pod's restartPolicy is Never".to_owned())
+        } else {
+            self.exec.plan_in_place(&pod.key.uid, name)
+        };
+        info!(container = %req.container_id, pod = %pod.key.name, ?decision, "container OOM-killed");
+        self.cluster.restart_in_place(
+            &pod,
+            name,
+            decision
+                .as_ref()
+                .map(|p| p.checkpoint_ref.as_str())
+                .map_err(String::as_str),
+        );
+        match decision {
+            Ok(plan) => ResponseBody::Plan(plan),
+            Err(reason) => ResponseBody::NoPlan { reason },
+        }
     }
 
     fn report(&self, req: &ReportRequest) {

@@ -35,6 +35,8 @@ pub struct Config {
     pub check_interval: Duration,
     pub plan_ttl: Duration,
     pub tcp_established: bool,
+    /// Keep each container's latest checkpoint images on the node (restarts in place).
+    pub keep_latest: bool,
     pub standalone: bool,
 }
 
@@ -86,6 +88,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
             node_name: cfg.node_name.clone(),
             plan_ttl: cfg.plan_ttl,
             tcp_established: cfg.tcp_established,
+            keep_latest: cfg.keep_latest,
         },
         store,
         keys,

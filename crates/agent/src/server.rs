@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use stasis_node_api::server::{read_request, write_response};
 use stasis_node_api::{
-    FinalCheckpointRequest, ReportRequest, RequestBody, ResponseBody, RestorePlanRequest,
+    ContainerExitedRequest, FinalCheckpointRequest, ReportRequest, RequestBody, ResponseBody,
+    RestorePlanRequest,
 };
 use tracing::{debug, warn};
 
@@ -22,6 +23,9 @@ pub trait NodeHandler: Send + Sync {
     /// May block up to the request's deadline.
     fn final_checkpoint(&self, req: &FinalCheckpointRequest) -> ResponseBody;
     fn report(&self, req: &ReportRequest);
+    /// A container the runtime is deleting after its processes ended: prepare a restart in
+    /// place when it was OOM-killed. Quick (no network): the wrapper waits for the answer.
+    fn container_exited(&self, req: &ContainerExitedRequest) -> ResponseBody;
 }
 
 fn handle(conn: UnixStream, h: &dyn NodeHandler) {
@@ -40,6 +44,7 @@ fn handle(conn: UnixStream, h: &dyn NodeHandler) {
         },
         RequestBody::RestorePlan(r) => h.restore_plan(r),
         RequestBody::FinalCheckpoint(r) => h.final_checkpoint(r),
+        RequestBody::ContainerExited(r) => h.container_exited(r),
         RequestBody::Report(r) => {
             h.report(r);
             return;

@@ -186,6 +186,7 @@ impl World {
                 node_name: "test-node".into(),
                 plan_ttl: Duration::from_secs(600),
                 tcp_established: true,
+                keep_latest: true,
             },
             Arc::new(store),
             Arc::new(StaticKey(Key::random())),

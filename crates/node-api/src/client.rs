@@ -220,6 +220,16 @@ impl Client {
         }
     }
 
+    /// `container_exited`, within `io_timeout`: a `Plan` when the agent prepared a restore in
+    /// place for the container's restart.
+    pub fn container_exited(&self, req: ContainerExitedRequest) -> Result<PlanAnswer, ClientError> {
+        match self.call(RequestBody::ContainerExited(req), self.io_timeout)? {
+            ResponseBody::Plan(p) => Ok(PlanAnswer::Plan(p)),
+            ResponseBody::NoPlan { reason } => Ok(PlanAnswer::NoPlan { reason }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// `final_checkpoint`: waits at most `deadline_ms` plus `io_timeout` for the answer.
     pub fn final_checkpoint(
         &self,

@@ -9,6 +9,8 @@
 //! ← {"v":1,"result":"no_plan","reason":"no PodRestore for this pod"}
 //! → {"v":1,"op":"final_checkpoint","container_id":"c1","deadline_ms":20000}
 //! ← {"v":1,"result":"done","checkpoint_ref":"…"} | {"v":1,"result":"skipped","reason":"…"} | {"v":1,"result":"failed","reason":"…"}
+//! → {"v":1,"op":"container_exited","container_id":"c1","pod_uid":"…",…,"oom_killed":true}
+//! ← {"v":1,"result":"plan",…} (a restore in place is prepared for the restart) | {"v":1,"result":"no_plan","reason":"…"}
 //! → {"v":1,"op":"report","container_id":"c1","pod_uid":"…",…,"event":{"kind":"restored","checkpoint_ref":"…","restore_ms":180}}
 //!   (no answer: fire and forget)
 //! ← {"v":1,"result":"error","reason":"unsupported protocol version 2"}   (any request the agent cannot serve)
@@ -57,6 +59,19 @@ pub enum RequestBody {
     FinalCheckpoint(FinalCheckpointRequest),
     /// What the runtime did with a container; fire and forget (the agent does not answer).
     Report(ReportRequest),
+    /// The container's processes are gone and the runtime is deleting it (`runc delete`): how it
+    /// ended, so the agent can prepare a restore in place before the kubelet restarts it.
+    ContainerExited(ContainerExitedRequest),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerExitedRequest {
+    pub container_id: String,
+    #[serde(flatten)]
+    pub pod: PodRef,
+    /// The kernel's OOM killer killed a process of the container (its memory cgroup says so).
+    #[serde(default)]
+    pub oom_killed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

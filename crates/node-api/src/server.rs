@@ -215,8 +215,29 @@ mod tests {
             RequestBody::FinalCheckpoint(f) => ResponseBody::Done {
                 checkpoint_ref: format!("ref-{}", f.container_id),
             },
+            RequestBody::ContainerExited(c) if c.oom_killed => ResponseBody::Plan(plan()),
+            RequestBody::ContainerExited(_) => ResponseBody::NoPlan {
+                reason: "not OOM-killed".into(),
+            },
             RequestBody::Report(_) => return None,
         })
+    }
+
+    #[test]
+    fn container_exited_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let srv = TestServer::start(dir.path().join("a.sock"), agent).unwrap();
+        let c = Client::new(srv.path());
+        let ask = |oom| {
+            c.container_exited(ContainerExitedRequest {
+                container_id: "c1".into(),
+                pod: PodRef::default(),
+                oom_killed: oom,
+            })
+            .unwrap()
+        };
+        assert_eq!(ask(true), PlanAnswer::Plan(plan()));
+        assert!(matches!(ask(false), PlanAnswer::NoPlan { .. }));
     }
 
     #[test]

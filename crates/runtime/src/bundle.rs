@@ -138,8 +138,64 @@ pub fn annotations_from_runc_state(raw: &[u8]) -> Option<BTreeMap<String, String
     )
 }
 
+/// Whether the kernel's OOM killer killed a process of the container whose runc state this is:
+/// its memory cgroup's `oom_kill` count (cgroup v1 `memory.oom_control`, v2 `memory.events`),
+/// read while runc still has the cgroup (before `runc delete` removes it).
+pub fn oom_killed_from_runc_state(raw: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct State {
+        #[serde(default)]
+        cgroup_paths: BTreeMap<String, String>,
+    }
+    let Ok(s) = serde_json::from_slice::<State>(raw) else {
+        return false;
+    };
+    let files = [
+        s.cgroup_paths
+            .get("memory")
+            .map(|d| Path::new(d).join("memory.oom_control")),
+        s.cgroup_paths
+            .get("")
+            .map(|d| Path::new(d).join("memory.events")),
+    ];
+    files
+        .into_iter()
+        .flatten()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .any(|text| oom_kills(&text) > 0)
+}
+
+/// The `oom_kill <n>` line of a memory cgroup's `memory.oom_control` or `memory.events`.
+pub fn oom_kills(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn oom_kill_counts_of_both_cgroup_versions() {
+        assert_eq!(
+            super::oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"),
+            2
+        );
+        assert_eq!(
+            super::oom_kills("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n"),
+            1
+        );
+        assert_eq!(
+            super::oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n"),
+            0
+        );
+        assert_eq!(super::oom_kills(""), 0);
+        assert!(!super::oom_killed_from_runc_state(
+            b"{\"cgroup_paths\":{\"memory\":\"/nonexistent\"}}"
+        ));
+        assert!(!super::oom_killed_from_runc_state(b"not json"));
+    }
+
     use super::*;
     use stasis_node_api::PodRef;
 

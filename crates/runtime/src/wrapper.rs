@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use stasis_engine::image::ImageDir;
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::{
-    CheckpointAnswer, Client, ColdStartCause, FinalCheckpointRequest, PlanAnswer, PodRef,
-    ReportEvent, ReportRequest, RestorePlanRequest, PROTOCOL_VERSION,
+    CheckpointAnswer, Client, ColdStartCause, ContainerExitedRequest, FinalCheckpointRequest,
+    PlanAnswer, PodRef, ReportEvent, ReportRequest, RestorePlanRequest, PROTOCOL_VERSION,
 };
 
 use crate::argv::{self, Command as RuncCommand, CreateArgs, Invocation, KillArgs};
@@ -528,8 +528,54 @@ impl Ctx {
         if let Some(id) = id.filter(|i| planfile::path_for_container(Path::new("/"), i).is_some()) {
             let _ = std::fs::remove_file(self.cfg.restored_dir().join(id));
             let _ = std::fs::remove_dir_all(self.cfg.work_dir().join(id));
+            self.tell_exit(id);
         }
         self.passthrough()
+    }
+
+    /// An app container killed by the OOM killer: tell the agent before runc deletes its state
+    /// and cgroup (the only place that still says so), so that the restore in place is prepared
+    /// before the kubelet's restart calls `create`. Bounded (500 ms); a missing agent is quiet.
+    fn tell_exit(&self, id: &str) {
+        let root = self
+            .inv
+            .globals
+            .root
+            .as_deref()
+            .unwrap_or(RUNC_DEFAULT_ROOT);
+        let Ok(raw) = std::fs::read(Path::new(root).join(id).join("state.json")) else {
+            return;
+        };
+        let kind = bundle::annotations_from_runc_state(&raw)
+            .map_or(ContainerKind::Plain, |a| bundle::classify(&a));
+        if !matches!(kind, ContainerKind::App(_)) || !bundle::oom_killed_from_runc_state(&raw) {
+            return;
+        }
+        let answer =
+            self.client(Duration::from_millis(500))
+                .container_exited(ContainerExitedRequest {
+                    container_id: id.to_owned(),
+                    pod: pod_of(&kind),
+                    oom_killed: true,
+                });
+        match answer {
+            Ok(PlanAnswer::Plan(p)) => self.log(
+                Level::Info,
+                &format!(
+                    "{id} was OOM-killed: its restart restores {} in place",
+                    p.checkpoint_ref
+                ),
+            ),
+            Ok(PlanAnswer::NoPlan { reason }) => self.log(
+                Level::Info,
+                &format!("{id} was OOM-killed; its restart starts cold: {reason}"),
+            ),
+            Err(e) if e.is_no_agent() => {}
+            Err(e) => self.log(
+                Level::Warning,
+                &format!("{id} was OOM-killed; no answer from the agent: {e}"),
+            ),
+        }
     }
 }
 

@@ -329,6 +329,9 @@ fn agent(path: &Path) -> TestServer {
         RequestBody::FinalCheckpoint(f) => Some(ResponseBody::Done {
             checkpoint_ref: format!("final-of-{}", f.container_id),
         }),
+        RequestBody::ContainerExited(_) => Some(ResponseBody::NoPlan {
+            reason: "test agent".into(),
+        }),
         RequestBody::Report(_) => None,
     })
     .unwrap()
