@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images platform demo test lint unit integration e2e e2e-install bench clean cluster-up cluster-down
+.PHONY: help setup build images platform demo test lint unit integration e2e e2e-install e2e-restore bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,11 +37,18 @@ integration: setup images platform ## integration tests: real CRIU, runc, S3 ser
 	$(CARGO) build --locked -p stasis-cli
 	tini -s -- tests/gpu/selftest.sh
 
-e2e: setup ## end-to-end tests on the local Kubernetes cluster (builds it from source on first use)
-	tests/e2e/cluster.sh
+e2e: setup images ## end-to-end tests on the local Kubernetes cluster: the cluster, the chart, restores (builds what they need on first use)
+	@rc=0; \
+	tests/e2e/cluster.sh || rc=1; \
+	tests/e2e/install.sh || rc=1; \
+	STASIS_INSTALL_NO_BUILD=1 tests/e2e/restore.sh || rc=1; \
+	exit $$rc
 
-e2e-install: setup images ## chart install/uninstall on the local cluster (tests/e2e/install.sh; not yet part of make test)
+e2e-install: setup images ## only the chart's install, upgrade and uninstall on the local cluster (tests/e2e/install.sh)
 	tests/e2e/install.sh
+
+e2e-restore: setup images ## only the restore scenarios on the local cluster (tests/e2e/restore.sh; STASIS_E2E_ONLY="a b c ...")
+	tests/e2e/restore.sh
 
 test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc), e2e (local cluster)
 	$(CARGO) build --locked --workspace --all-targets

@@ -481,6 +481,34 @@ impl KubeCluster {
     }
 }
 
+impl KubeCluster {
+    /// Another agent pod running on this node (a rolling update's new pod), by name: pods of
+    /// the node labelled `app.kubernetes.io/component: agent`, Running, not deleting, other
+    /// than this one (`HOSTNAME` is the pod's name).
+    pub fn successor_agent(&self) -> Option<String> {
+        let me = std::env::var("HOSTNAME").unwrap_or_default();
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n != me))
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app.kubernetes.io/component"))
+                    .is_some_and(|c| c == "agent")
+                    && p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("app.kubernetes.io/name"))
+                        .is_some_and(|c| c == "stasis")
+            })
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .and_then(|p| p.metadata.name.clone())
+    }
+}
+
 impl Cluster for KubeCluster {
     fn pod(&self, pod: &stasis_node_api::PodRef) -> Option<PodInfo> {
         self.pod_by_uid(&pod.pod_uid).map(|p| self.info(&p))

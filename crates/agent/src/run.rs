@@ -2,6 +2,7 @@
 //! the Kubernetes side; runs until SIGTERM/SIGINT, then removes the node-ready label.
 
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -115,13 +116,14 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
         runtime_binary: cfg.runtime_binary.clone(),
         check_interval: cfg.check_interval,
     };
-    let (agent, label_thread) = match &client {
+    let (agent, label_thread, successor) = match &client {
         None => (
             Arc::new(Agent {
                 exec: exec.clone(),
                 cluster: Arc::new(Standalone),
                 busy,
             }),
+            None,
             None,
         ),
         Some(client) => {
@@ -139,12 +141,14 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
                     busy,
                 }),
                 Some(t),
+                Some(running.cluster.clone()),
             )
         }
     };
 
     let listener =
         stasis_node_api::server::bind(&cfg.socket).map_err(AgentError::io(&cfg.socket))?;
+    let socket_inode = std::fs::metadata(&cfg.socket).map(|m| m.ino()).ok();
     let server = crate::server::serve(listener, agent, stop.clone());
     info!(socket = %cfg.socket.display(), node = %cfg.node_name, store = %cfg.store, "stasisd running");
 
@@ -153,11 +157,19 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
     stop.store(true, Ordering::SeqCst);
     crate::server::wake(&cfg.socket);
     let _ = server.join();
-    let _ = std::fs::remove_file(&cfg.socket);
+    // A rolling update starts the new agent first (surge): it has bound the socket path anew,
+    // and it keeps the node ready. Remove only what is still ours.
+    if std::fs::metadata(&cfg.socket).map(|m| m.ino()).ok() == socket_inode {
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
     if let Some(t) = label_thread {
         let _ = t.join();
     }
-    if let Some(client) = &client {
+    let successor = successor.as_ref().and_then(|c| c.successor_agent());
+    if let Some(name) = &successor {
+        info!(successor = %name, "a newer agent runs on this node: leaving the ready label");
+    }
+    if let (Some(client), None) = (&client, &successor) {
         let labels = std::collections::BTreeMap::from([(
             crate::checks::READY_LABEL.to_owned(),
             None::<String>,

@@ -158,6 +158,24 @@ pub fn wait_restore(a: &WaitRestoreArgs) {
     eprintln!("stasis-restore-wait: {why}");
 }
 
+/// SIGTERM (what the kubelet sends) or SIGINT. The controller runs as its container's PID 1,
+/// where a signal without a handler is ignored: a follower waiting for the lease must handle
+/// SIGTERM itself, or every stop (rollout, uninstall) waits for the grace period's SIGKILL.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 /// Runs the webhook and metrics servers on every replica, and the reconcilers while this
 /// replica holds the lease. Returns when the reconcilers stop (signal) or leadership is lost.
 pub async fn run(a: RunArgs) -> anyhow::Result<()> {
@@ -225,7 +243,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the leader lease");
     tokio::select! {
         _ = leader::acquire(&leases, &lease) => {}
-        _ = tokio::signal::ctrl_c() => return Ok(()),
+        _ = shutdown_signal() => return Ok(()),
     }
     metrics.leader.set(1);
     tracing::info!(identity = %lease.identity, "leading");

@@ -1,0 +1,123 @@
+# Helpers of the end-to-end tests and the Kubernetes benchmark on the local cluster (sourced by
+# tests/e2e/restore.sh and bench/k8s.sh; kubectl and jq on PATH, the cluster's KUBECONFIG set).
+# The workload is stasis-counter (image docker.io/stasis/counter:dev): one "count=<n> state=ok"
+# line per tick on stdout.
+# shellcheck shell=bash
+COUNTER_IMAGE=${COUNTER_IMAGE:-docker.io/stasis/counter:dev}
+WORK=${WORK:?WORK: a scratch directory for followed logs}
+
+secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
+retry() { # timeout-seconds command...
+  local end=$(( $(date +%s) + $1 )); shift
+  until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done
+}
+
+# ------------------------------------------------------------------ helpers
+new_ns() {
+  kubectl delete namespace "$1" --ignore-not-found --wait=true >/dev/null 2>&1
+  kubectl create namespace "$1" >/dev/null
+  for _ in $(seq 150); do kubectl -n "$1" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+}
+# policy NS NAME SELECTOR-APP INTERVAL
+policy() {
+  kubectl -n "$1" apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: CheckpointPolicy
+metadata: {name: $2}
+spec:
+  selector: {matchLabels: {app: $3}}
+  interval: $4
+  retention: {keepLast: 3}
+EOF
+}
+# counter NS NAME REPLICAS STATE_MB [STRATEGY] [ENGINE-VERSION] [RUNTIME-CLASS|none]: a Deployment
+# of stasis-counter (tick 100 ms, port 7070), tolerating an unreachable node for 5 s (node loss is
+# noticed fast)
+counter() {
+  local ns=$1 name=$2 replicas=$3 mb=$4 strategy=${5:-RollingUpdate} engine=${6:-v1} rc=${7:-stasis}
+  local rcl="runtimeClassName: $rc"; [ "$rc" = none ] && rcl="# no runtimeClassName (plain runc)"
+  kubectl -n "$ns" apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: $name}
+spec:
+  replicas: $replicas
+  strategy: {type: $strategy}
+  selector: {matchLabels: {app: $name}}
+  template:
+    metadata:
+      labels: {app: $name, declare.stasis.dev/engine: "$engine"}
+    spec:
+      $rcl
+      terminationGracePeriodSeconds: 30
+      tolerations:
+      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 5}
+      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5}
+      containers:
+      - name: counter
+        image: $COUNTER_IMAGE
+        imagePullPolicy: Never
+        env:
+        - {name: STATE_MB, value: "$mb"}
+        - {name: INTERVAL_MS, value: "100"}
+        - {name: LISTEN_PORT, value: "7070"}
+        ports: [{containerPort: 7070}]
+        resources:
+          limits: {memory: "$((mb + 192))Mi"}
+EOF
+}
+# the running (not deleting) pods of app $2, one name per line
+pods_of() {
+  kubectl -n "$1" get pods -l "app=$2" -o json |
+    jq -r '.items[] | select(.metadata.deletionTimestamp == null and .status.phase == "Running") | .metadata.name'
+}
+one_pod() { local p; p=$(pods_of "$1" "$2"); [ "$(wc -w <<<"$p")" = 1 ] && echo "$p"; }
+node_of() { kubectl -n "$1" get pod "$2" -o jsonpath='{.spec.nodeName}'; }
+other_node() { [ "$1" = worker-1 ] && echo worker-2 || echo worker-1; }
+# the app container is running and printing (after the injected wait container, on a restore)
+counting() { kubectl -n "$1" logs "$2" -c counter 2>/dev/null | grep -q '^count='; }
+# follow a pod's log (with timestamps) into $WORK/<pod>.log until the container ends
+follow() { kubectl -n "$1" logs -f --timestamps "$2" -c counter >"$WORK/$2.log" 2>/dev/null & }
+# succeeded checkpoints of a pod: "<startTime> <node> <checkpointRef>" lines, oldest first
+ckpts() {
+  kubectl -n "$1" get pckpt --field-selector "spec.sourcePodName=$2" -o json |
+    jq -r '[.items[] | select(.status.phase == "Succeeded")] | sort_by(.status.startTime) | .[] | "\(.status.startTime) \(.status.node) \(.status.checkpointRef) \(.spec.reason)"'
+}
+n_ckpts() { [ "$(ckpts "$1" "$2" | wc -l)" -ge "$3" ]; }
+# the last count a followed pod logged before an RFC 3339 time (second precision)
+count_before() {
+  local t=${2%Z}
+  awk -v t="$t" 'substr($1, 1, 19) < t && $2 ~ /^count=[0-9]+$/ { c = substr($2, 7) } END { print c + 0 }' "$WORK/$1.log"
+}
+# (the counter's status lines start with "count="; its stderr lines, such as "full-check count=0",
+# do not)
+last_count() { awk '$2 ~ /^count=[0-9]+$/ { c = substr($2, 7) } END { print c }' "$WORK/$1.log"; }
+first_count() { kubectl -n "$1" logs "$2" -c counter 2>/dev/null | grep -m1 -o '^count=[0-9]*' | cut -d= -f2; }
+not_corrupt() { ! kubectl -n "$1" logs "$2" -c counter 2>/dev/null | grep -q CORRUPT; }
+restore_phase() { kubectl -n "$1" get prestore --field-selector "spec.targetPodName=$2" -o jsonpath='{.items[*].status.phase}'; }
+restore_ref() { kubectl -n "$1" get prestore --field-selector "spec.targetPodName=$2" -o jsonpath='{.items[*].spec.checkpointRef}'; }
+event() { # NS POD REASON: the messages of the pod's Events with that reason
+  kubectl -n "$1" get events --field-selector "involvedObject.name=$2,reason=$3" -o jsonpath='{range .items[*]}{.message}{"\n"}{end}'
+}
+ann() { kubectl -n "$1" get pod "$2" -o jsonpath="{.metadata.annotations.stasis\.dev/$3}"; }
+ge() { [ -n "$1" ] && [ -n "$2" ] && [ "$1" -ge "$2" ]; }
+# a replacement of app $2 other than $3, running and counting
+replacement() {
+  local p; p=$(pods_of "$1" "$2" | grep -vx "$3" | head -1)
+  [ -n "$p" ] && counting "$1" "$p" && echo "$p"
+}
+wait_replacement() { # NS APP OLD-POD TIMEOUT -> prints the new pod
+  local end=$(( $(date +%s) + $4 )) p
+  while [ "$(date +%s)" -lt "$end" ]; do
+    p=$(replacement "$1" "$2" "$3") && { echo "$p"; return 0; }
+    sleep 0.5
+  done
+  return 1
+}
+diagnose() { # NS: what the test saw, for a failed scenario
+  echo "# --- $1: pods, checkpoints, restores, events"
+  kubectl -n "$1" get pods -o wide 2>&1 | sed 's/^/#   /'
+  kubectl -n "$1" get pckpt,prestore 2>&1 | sed 's/^/#   /'
+  kubectl -n "$1" get events --sort-by=.lastTimestamp 2>&1 | tail -25 | sed 's/^/#   /'
+}
+
