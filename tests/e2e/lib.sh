@@ -72,6 +72,15 @@ pods_of() {
     jq -r '.items[] | select(.metadata.deletionTimestamp == null and .status.phase == "Running") | .metadata.name'
 }
 one_pod() { local p; p=$(pods_of "$1" "$2"); [ "$(wc -w <<<"$p")" = 1 ] && echo "$p"; }
+# the one running pod of app $2 once it counts (within $3 seconds), printed
+wait_one_counting() {
+  local end=$(( $(date +%s) + $3 )) p
+  while [ "$(date +%s)" -lt "$end" ]; do
+    p=$(one_pod "$1" "$2") && counting "$1" "$p" && { echo "$p"; return 0; }
+    sleep 1
+  done
+  return 1
+}
 node_of() { kubectl -n "$1" get pod "$2" -o jsonpath='{.spec.nodeName}'; }
 other_node() { [ "$1" = worker-1 ] && echo worker-2 || echo worker-1; }
 # the app container is running and printing (after the injected wait container, on a restore)

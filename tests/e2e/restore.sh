@@ -88,8 +88,7 @@ spec:
   containers:
   - {name: client, image: stasis.local/testapp:dev, imagePullPolicy: Never, command: [/testapp, sleep]}
 EOF
-P1=""
-retry 90 one_pod $NS counter && P1=$(one_pod "$NS" counter)
+P1=$(wait_one_counting "$NS" counter 90)
 if [ -z "$P1" ]; then fail "a: the counter pod runs"; diagnose "$NS"; finish; fi
 follow "$NS" "$P1"
 N1=$(node_of "$NS" "$P1")
@@ -168,9 +167,7 @@ NS=e2e-oom
 new_ns "$NS"
 policy "$NS" every-10s oom 10s
 counter "$NS" oom 1 64
-P1=""
-oom_counting() { local p; p=$(one_pod "$NS" oom) && counting "$NS" "$p"; }
-retry 90 oom_counting && P1=$(one_pod "$NS" oom)
+P1=$(wait_one_counting "$NS" oom 90)
 if [ -z "$P1" ]; then fail "c: the counter pod runs"; diagnose "$NS"; else
   NO=$(node_of "$NS" "$P1")
   check "c: a heartbeat of $P1 Succeeded" retry 60 n_ckpts "$NS" "$P1" 1
@@ -214,9 +211,7 @@ NS=e2e-grace
 new_ns "$NS"
 policy "$NS" every-30s grace 30s
 counter "$NS" grace 1 64
-P1=""
-grace_counting() { local p; p=$(one_pod "$NS" grace) && counting "$NS" "$p"; }
-retry 90 grace_counting && P1=$(one_pod "$NS" grace)
+P1=$(wait_one_counting "$NS" grace 90)
 if [ -z "$P1" ]; then fail "d: the counter pod runs"; diagnose "$NS"; else
   follow "$NS" "$P1"
   sleep 3
@@ -248,8 +243,7 @@ NS=e2e-compat
 new_ns "$NS"
 policy "$NS" every-10s engine 10s
 counter "$NS" engine 1 64 Recreate v1
-P1=""
-retry 90 one_pod $NS engine && P1=$(one_pod "$NS" engine)
+P1=$(wait_one_counting "$NS" engine 90)
 if [ -z "$P1" ]; then fail "e: the counter pod runs"; diagnose "$NS"; else
   check "e: a heartbeat of $P1 (engine v1) Succeeded" retry 60 n_ckpts $NS $P1 1
   counter "$NS" engine 1 64 Recreate v2
@@ -275,8 +269,7 @@ policy "$NS" every-10s perm 10s
 counter "$NS" perm 1 64
 kubectl -n "$NS" create rolebinding dev-edit --clusterrole=edit --user=dev >/dev/null
 kubectl -n "$NS" create rolebinding ops-restore --clusterrole=stasis-restorer --user=ops >/dev/null
-P1=""
-retry 90 one_pod $NS perm && P1=$(one_pod "$NS" perm)
+P1=$(wait_one_counting "$NS" perm 90)
 if [ -z "$P1" ]; then fail "f: the counter pod runs"; diagnose "$NS"; else
   check "f: a heartbeat of $P1 Succeeded" retry 60 n_ckpts $NS $P1 1
   REF=$(ckpts "$NS" "$P1" | tail -1 | awk '{print $3}')

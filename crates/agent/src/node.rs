@@ -194,10 +194,6 @@ impl Agent {
         ) else {
             return skipped("no time left in the grace period");
         };
-        let Some(guard) = self.busy.try_take(&pod.pod_uid) else {
-            return skipped("a checkpoint of this pod is already in progress");
-        };
-        drop(guard);
         let job = CheckpointJob {
             target: Target::ContainerId(c.id.clone()),
             namespace: info.key.namespace.clone(),
@@ -215,9 +211,21 @@ impl Agent {
         let spawned = std::thread::Builder::new()
             .name("final-checkpoint".into())
             .spawn(move || {
-                let Some(_g) = busy.try_take(&uid) else {
-                    let _ = tx.send(Err(AgentError::Invalid(
-                        "a checkpoint of this pod is already in progress".into(),
+                // A heartbeat in progress holds older memory than this stop: wait for it (the
+                // controller keeps the replacement waiting for the final checkpoint, not for
+                // it), then take the final one, all before the deadline.
+                let guard = loop {
+                    if let Some(g) = busy.try_take(&uid) {
+                        break Some(g);
+                    }
+                    if Instant::now() >= deadline {
+                        break None;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                };
+                let Some(_g) = guard else {
+                    let _ = tx.send(Err(AgentError::Deadline(
+                        "a checkpoint of this pod was still in progress at the deadline".into(),
                     )));
                     return;
                 };

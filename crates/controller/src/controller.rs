@@ -613,7 +613,7 @@ async fn note_final_in_flight(
     {
         return Ok(());
     }
-    r.lineage.begin_final(deadline);
+    r.lineage.begin_final(deadline, created_unix_ms);
     ctx.records.save(&r).await?;
     Ok(())
 }

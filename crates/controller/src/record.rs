@@ -285,7 +285,7 @@ pub fn refresh(r: &mut Record, state: &HolderState, now_ms: u64, phantom_after_m
                     .latest()
                     .is_some_and(|c| c.created_unix_ms >= *started_unix_ms);
                 if *final_expected && !published_since && *deadline_unix_ms > now_ms {
-                    r.lineage.begin_final(*deadline_unix_ms);
+                    r.lineage.begin_final(*deadline_unix_ms, *started_unix_ms);
                 }
             }
             HolderState::Ended | HolderState::Gone { .. } => r.lineage.orphan(),
@@ -404,7 +404,7 @@ mod tests {
         // Past the deadline the wait ends by itself.
         let mut r = record("cccccccc", 0);
         r.lineage.orphan();
-        r.lineage.begin_final(20_000);
+        r.lineage.begin_final(20_000, 0);
         assert!(refresh(&mut r, &HolderState::Running, 20_000, 60_000));
         assert!(r.lineage.final_deadline_unix_ms.is_none());
     }
@@ -421,7 +421,7 @@ mod tests {
         assert!(r.lineage.orphaned && r.holder_token().is_none());
         // An ended holder with a final checkpoint in flight keeps the wait until its deadline.
         let mut r = record("dddddddd", 1_000);
-        r.lineage.begin_final(10_000);
+        r.lineage.begin_final(10_000, 0);
         assert!(refresh(&mut r, &HolderState::Ended, 2_000, 60_000));
         assert_eq!(r.lineage.final_deadline_unix_ms, Some(10_000));
         assert!(refresh(&mut r, &HolderState::Ended, 10_000, 60_000));

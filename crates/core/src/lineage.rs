@@ -79,6 +79,11 @@ pub struct Lineage {
     /// end of the holder's grace period).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_deadline_unix_ms: Option<u64>,
+    /// When the holder's stop began (Unix ms): only a checkpoint created since ends the wait
+    /// for the final one (a heartbeat that was in flight at the stop is older than the memory
+    /// the final checkpoint will hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_since_unix_ms: Option<u64>,
 }
 
 /// Tries of one checkpoint (failing in different ways) before it is marked bad.
@@ -163,6 +168,7 @@ impl Lineage {
             failures: Vec::new(),
             bad: Vec::new(),
             final_deadline_unix_ms: None,
+            final_since_unix_ms: None,
         }
     }
 
@@ -184,14 +190,18 @@ impl Lineage {
         self.orphaned = true;
     }
 
-    /// The holder started its termination checkpoint, which may run until `deadline_unix_ms`.
-    pub fn begin_final(&mut self, deadline_unix_ms: u64) {
+    /// The holder began stopping at `since_unix_ms` and its termination checkpoint may run
+    /// until `deadline_unix_ms`.
+    pub fn begin_final(&mut self, deadline_unix_ms: u64, since_unix_ms: u64) {
         self.final_deadline_unix_ms = Some(deadline_unix_ms);
+        self.final_since_unix_ms = Some(since_unix_ms);
     }
 
-    /// The termination checkpoint failed or was abandoned ([`Lineage::publish`] ends it too).
+    /// The termination checkpoint failed or was abandoned ([`Lineage::publish`] of a checkpoint
+    /// created since the stop began ends it too).
     pub fn end_final(&mut self) {
         self.final_deadline_unix_ms = None;
+        self.final_since_unix_ms = None;
     }
 
     /// Records a complete checkpoint, unless it is fenced off ([`may_publish`]).
@@ -203,11 +213,17 @@ impl Lineage {
                 written: checkpoint.generation,
             });
         }
+        let created_unix_ms = checkpoint.created_unix_ms;
         if !self.checkpoints.iter().any(|c| c.id == checkpoint.id) {
             self.checkpoints.push(checkpoint);
             self.checkpoints.sort_by(|a, b| a.id.cmp(&b.id));
         }
-        self.final_deadline_unix_ms = None;
+        if self
+            .final_since_unix_ms
+            .is_none_or(|since| created_unix_ms >= since)
+        {
+            self.end_final();
+        }
         Ok(())
     }
 
@@ -495,7 +511,7 @@ mod tests {
         // Drain: the pod gets its deletion timestamp, the agent starts the final checkpoint
         // (grace ends at t=31 s); the lineage is orphaned but not yet claimable.
         l.orphan();
-        l.begin_final(31_000);
+        l.begin_final(31_000, 0);
         let mut all = vec![l];
         assert_eq!(claim_wait(&all, &w, 2_000), Some(31_000));
         assert_eq!(claim_wait(&all, &wl("other"), 2_000), None);
@@ -511,7 +527,7 @@ mod tests {
         // claimed it is fenced off.
         let mut l = lineage_with("w", "bbbbbbbb", &[1_000]);
         l.orphan();
-        l.begin_final(31_000);
+        l.begin_final(31_000, 0);
         let mut all = vec![l];
         assert_eq!(claim_wait(&all, &w, 31_000), None);
         claim(&mut all, &w, "new").unwrap();
@@ -519,9 +535,18 @@ mod tests {
         // A failed final checkpoint ends the wait too.
         let mut l = lineage_with("w", "cccccccc", &[]);
         l.orphan();
-        l.begin_final(31_000);
+        l.begin_final(31_000, 0);
         l.end_final();
         assert_eq!(claim_wait(&[l], &w, 0), None);
+        // A heartbeat that was in flight when the stop began (created at 900 < 1 000) publishes
+        // during the wait: it is older than the final checkpoint's memory, so the wait goes on.
+        let mut l = lineage_with("w", "dddddddd", &[500]);
+        l.orphan();
+        l.begin_final(31_000, 1_000);
+        l.publish(ck(900, 1)).unwrap();
+        assert_eq!(claim_wait(&[l.clone()], &w, 2_000), Some(31_000));
+        l.publish(ck(1_500, 1)).unwrap();
+        assert_eq!(claim_wait(&[l], &w, 2_000), None);
     }
 
     #[test]

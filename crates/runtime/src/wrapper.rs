@@ -479,16 +479,9 @@ impl Ctx {
         {
             self.passthrough()
         }
-        let root = self
-            .inv
-            .globals
-            .root
-            .as_deref()
-            .unwrap_or(RUNC_DEFAULT_ROOT);
-        let kind = std::fs::read(Path::new(root).join(id).join("state.json"))
-            .ok()
-            .and_then(|raw| bundle::annotations_from_runc_state(&raw))
-            .map_or(ContainerKind::Plain, |a| bundle::classify(&a));
+        let kind = self
+            .runc_state(id)
+            .map_or(ContainerKind::Plain, |(_, kind)| kind);
         if kind == ContainerKind::Sandbox {
             self.passthrough()
         }
@@ -524,6 +517,21 @@ impl Ctx {
         self.passthrough()
     }
 
+    /// runc's state of a container (`<root>/<id>/state.json`) and what kind of container its
+    /// annotations say it is (sandbox, app container of a pod, plain).
+    fn runc_state(&self, id: &str) -> Option<(Vec<u8>, ContainerKind)> {
+        let root = self
+            .inv
+            .globals
+            .root
+            .as_deref()
+            .unwrap_or(RUNC_DEFAULT_ROOT);
+        let raw = std::fs::read(Path::new(root).join(id).join("state.json")).ok()?;
+        let kind = bundle::annotations_from_runc_state(&raw)
+            .map_or(ContainerKind::Plain, |a| bundle::classify(&a));
+        Some((raw, kind))
+    }
+
     fn delete(&self, id: Option<&str>) -> ! {
         if let Some(id) = id.filter(|i| planfile::path_for_container(Path::new("/"), i).is_some()) {
             let _ = std::fs::remove_file(self.cfg.restored_dir().join(id));
@@ -537,17 +545,9 @@ impl Ctx {
     /// and cgroup (the only place that still says so), so that the restore in place is prepared
     /// before the kubelet's restart calls `create`. Bounded (500 ms); a missing agent is quiet.
     fn tell_exit(&self, id: &str) {
-        let root = self
-            .inv
-            .globals
-            .root
-            .as_deref()
-            .unwrap_or(RUNC_DEFAULT_ROOT);
-        let Ok(raw) = std::fs::read(Path::new(root).join(id).join("state.json")) else {
+        let Some((raw, kind)) = self.runc_state(id) else {
             return;
         };
-        let kind = bundle::annotations_from_runc_state(&raw)
-            .map_or(ContainerKind::Plain, |a| bundle::classify(&a));
         if !matches!(kind, ContainerKind::App(_)) || !bundle::oom_killed_from_runc_state(&raw) {
             return;
         }
