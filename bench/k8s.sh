@@ -6,7 +6,7 @@
 #              the drain until the replacement is back at the count it had before the drain,
 #              with stasis (runtimeClassName: stasis, 10 s heartbeats, final checkpoint on the
 #              drain) vs without (plain runc: a cold start counts again from 1), as a ratio;
-#              for each STATE_MB in SIZES
+#              for each STATE_MB in SIZES (BASELINE=0: without the cold-start runs)
 #   overhead   ticks per second while a 10 s CheckpointPolicy checkpoints it vs no policy (the
 #              baseline's replacement, counting up again)
 #   node costs stasis-runc create+delete vs runc create+delete of a container that does not
@@ -14,6 +14,7 @@
 #              stasis-controller RSS with PODS opted-in pods
 #
 # Needs root. Environment: SIZES ("256 2048"), PROGRESS_S (120), PODS (100), CREATE_RUNS (20),
+# RECOVERY_ONLY=1 (no node costs), BASELINE=0 (no cold-start runs),
 # STASIS_INSTALL_NO_BUILD=1 (reuse target/images/stasis.oci.tar), KEEP_CLUSTER=1 (leave it up).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -113,7 +114,11 @@ recover() { # MB MODE(stasis|cold) TARGET-COUNT(cold only)
   kubectl uncordon "$node" >/dev/null
   say "$ns: back at count $target $back s after the drain (first count of the replacement: $first)"
   if [ "$mode" = stasis ]; then
-    echo "recovery $mb stasis $back $target $first $(rate "$WORK/$p1.log") $(peak "$WORK/rss-$node") $(kubectl -n "$ns" get pckpt -o json | jq -r '[.items[] | select(.status.phase == "Succeeded" and .spec.reason == "Heartbeat") | .status.freezeMillis] | add / length | floor')" >>"$RESULTS"
+    local pr ref reason
+    pr=$(kubectl -n "$ns" get prestore --field-selector "spec.targetPodName=$p2" -o json | jq -c '.items[0]')
+    ref=$(jq -r .spec.checkpointRef <<<"$pr")
+    reason=$(kubectl -n "$ns" get pckpt -o json | jq -r --arg r "$ref" '.items[] | select(.status.checkpointRef == $r) | .spec.reason')
+    echo "recovery $mb stasis $back $target $first $(rate "$WORK/$p1.log") $(peak "$WORK/rss-$node") $(kubectl -n "$ns" get pckpt -o json | jq -r '[.items[] | select(.status.phase == "Succeeded" and .spec.reason == "Heartbeat") | .status.freezeMillis] | add / length | floor') ${reason:-?} $(jq -r '.status.fetchMillis // "?"' <<<"$pr") $(jq -r '.status.restoreMillis // "?"' <<<"$pr")" >>"$RESULTS"
   else
     echo "recovery $mb cold $back $target $first $(rate "$WORK/$p2.log")" >>"$RESULTS"
   fi
@@ -122,10 +127,11 @@ recover() { # MB MODE(stasis|cold) TARGET-COUNT(cold only)
 }
 for mb in $SIZES; do
   target=$(recover "$mb" stasis) || exit 1
-  recover "$mb" cold "$target" >/dev/null || exit 1
+  [ "${BASELINE:-1}" = 0 ] || recover "$mb" cold "$target" >/dev/null || exit 1
 done
 
 # ------------------------------------------------------------------ create overhead on a node
+if [ -z "${RECOVERY_ONLY:-}" ]; then
 say "create overhead: $CREATE_RUNS x create+delete each, runc vs stasis-runc"
 R1=$("$CLUSTER" node-root worker-1)
 BUNDLE=$WORK/bundle
@@ -173,6 +179,7 @@ echo "many_pods_running_s $(since "$t") $(kubectl -n "$ns" get pods --field-sele
 sleep 20
 for p in $(controller_pids); do echo "controller_rss_mib $p $(rss_mib "$p")" >>"$RESULTS"; done
 kubectl delete namespace "$ns" --wait=false >/dev/null
+fi
 
 # ------------------------------------------------------------------ report
 echo
@@ -180,7 +187,7 @@ echo "stasis on Kubernetes: local cluster (2 workers), counter at 10 ticks/s, $P
 echo
 printf '%-9s %-8s %12s %13s %12s %13s %14s\n' "state" "mode" "back (s)" "count before" "first count" "ticks/s" "note"
 awk '$1 == "recovery" {
-  note = ($3 == "stasis") ? sprintf("freeze %d ms, agent peak %s MiB", $9, $8) : "cold start"
+  note = ($3 == "stasis") ? sprintf("freeze %d ms, agent peak %s MiB; restored the %s checkpoint: fetch %s ms, restore %s ms", $9, $8, $10, $11, $12) : "cold start"
   printf "%-9s %-8s %12s %13s %12s %13s   %s\n", $2 " MiB", $3, $4, $5, $6, $7, note }' "$RESULTS"
 echo
 awk '$1 == "recovery" { back[$2 "/" $3] = $4; rate[$2 "/" $3] = $7; sizes[$2] = 1 }
