@@ -191,10 +191,10 @@ awk '$1 == "recovery" {
   printf "%-9s %-8s %12s %13s %12s %13s   %s\n", $2 " MiB", $3, $4, $5, $6, $7, note }' "$RESULTS"
 echo
 awk '$1 == "recovery" { back[$2 "/" $3] = $4; rate[$2 "/" $3] = $7; sizes[$2] = 1 }
-  END { for (s in sizes) {
+  END { for (s in sizes) if ((s "/cold") in back) {
     printf "%s MiB: back at the pre-drain count %.1fx faster with stasis (%.1f s vs %.1f s); ticks/s with a 10 s policy / without: %.3f\n",
       s, back[s "/cold"] / back[s "/stasis"], back[s "/stasis"], back[s "/cold"], rate[s "/stasis"] / rate[s "/cold"] } }' "$RESULTS"
-awk '$1 == "create_ms" { ms[$2] = $3 } END {
+awk '$1 == "create_ms" { ms[$2] = $3 } END { if ("runc" in ms)
   printf "create+delete (no restore), median of '"$CREATE_RUNS"': runc %.1f ms, stasis-runc %.1f ms: +%.1f ms\n", ms["runc"], ms["stasis-runc"], ms["stasis-runc"] - ms["runc"] }' "$RESULTS"
 awk '$1 == "agent_idle_rss_mib" { printf "stasisd idle RSS on %s: %s MiB\n", $2, $3 }' "$RESULTS"
 awk '$1 == "controller_rss_mib" { printf "stasis-controller RSS with '"$PODS"' opted-in pods: %s MiB (pid %s)\n", $3, $2 }' "$RESULTS"
