@@ -101,6 +101,9 @@ pub struct CheckpointJob {
     pub leave_running: bool,
     /// Bound on the whole checkpoint; the upload is cut off at it (nothing is published then).
     pub deadline: Option<Instant>,
+    /// Told the reference the checkpoint will publish as soon as the container is captured and
+    /// running again, before the upload (a termination checkpoint lets the stop go on).
+    pub on_captured: Option<std::sync::mpsc::Sender<String>>,
 }
 
 /// What a checkpoint produced.
@@ -357,6 +360,9 @@ impl Executor {
         info!(container = %c.id, frozen_ms = captured.timings.frozen_ms, dump_ms = captured.timings.dump_ms, "dumped");
 
         let id = CheckpointId::from_parts(now_ms(), rand::random());
+        if let Some(tx) = &job.on_captured {
+            let _ = tx.send(format!("{}/{}", job.stamp.lineage, id));
+        }
         let mut labels = BTreeMap::from([
             (label::LINEAGE.to_owned(), job.stamp.lineage.to_string()),
             (

@@ -338,6 +338,7 @@ impl KubeCluster {
                     .unwrap_or_else(|| "Manual".into()),
                 leave_running: true,
                 deadline: Some(deadline),
+                on_captured: None,
             }),
         };
         self.finish_checkpoint(&ns, &name, &running, &info, &r);

@@ -204,8 +204,14 @@ impl Agent {
             reason: "Termination".into(),
             leave_running: true,
             deadline: Some(deadline),
+            on_captured: None,
         };
         let (tx, rx) = mpsc::channel();
+        let (captured_tx, captured_rx) = mpsc::channel();
+        let job = CheckpointJob {
+            on_captured: req.answer_when_captured.then_some(captured_tx),
+            ..job
+        };
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
         let uid = pod.pod_uid.clone();
         let spawned = std::thread::Builder::new()
@@ -246,6 +252,22 @@ impl Agent {
             };
         }
         let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(200);
+        if req.answer_when_captured {
+            // Captured: the stop goes on while the upload finishes in the thread (which records
+            // the outcome on the PodCheckpoint). Disconnected: it ended before the capture.
+            match captured_rx.recv_timeout(wait) {
+                Ok(checkpoint_ref) => {
+                    info!(container = %req.container_id, %checkpoint_ref, "final checkpoint captured; uploading");
+                    return ResponseBody::Captured { checkpoint_ref };
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return ResponseBody::Failed {
+                        reason: "the final checkpoint was not captured before its deadline".into(),
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            }
+        }
         match rx.recv_timeout(wait) {
             Ok(Ok(o)) => {
                 info!(container = %req.container_id, reference = %o.reference, total_ms = o.total_ms, "final checkpoint done");

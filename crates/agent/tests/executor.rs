@@ -268,6 +268,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
             container_id: "c1".into(),
             pod: PodRef::default(),
             deadline_ms: 30_000,
+            answer_when_captured: false,
         })
         .expect("final_checkpoint");
     let took = t.elapsed();
@@ -545,6 +546,7 @@ fn stasisd_rss_idle_and_while_checkpointing() {
             container_id: "big".into(),
             pod: PodRef::default(),
             deadline_ms: 300_000,
+            answer_when_captured: false,
         })
         .expect("final_checkpoint");
     let took = t.elapsed();

@@ -8,7 +8,7 @@
 //! ← {"v":1,"result":"plan","image_dir":"/var/lib/stasis/…","rootfs_method":"overlay_upper","checkpoint_ref":"…","tcp_established":true}
 //! ← {"v":1,"result":"no_plan","reason":"no PodRestore for this pod"}
 //! → {"v":1,"op":"final_checkpoint","container_id":"c1","deadline_ms":20000}
-//! ← {"v":1,"result":"done","checkpoint_ref":"…"} | {"v":1,"result":"skipped","reason":"…"} | {"v":1,"result":"failed","reason":"…"}
+//! ← {"v":1,"result":"done","checkpoint_ref":"…"} | {"v":1,"result":"captured","checkpoint_ref":"…"} (with "answer_when_captured":true) | {"v":1,"result":"skipped","reason":"…"} | {"v":1,"result":"failed","reason":"…"}
 //! → {"v":1,"op":"container_exited","container_id":"c1","pod_uid":"…",…,"oom_killed":true}
 //! ← {"v":1,"result":"plan",…} (a restore in place is prepared for the restart) | {"v":1,"result":"no_plan","reason":"…"}
 //! → {"v":1,"op":"report","container_id":"c1","pod_uid":"…",…,"event":{"kind":"restored","checkpoint_ref":"…","restore_ms":180}}
@@ -90,6 +90,11 @@ pub struct FinalCheckpointRequest {
     /// The longest the runtime will wait for the answer; the agent bounds it further by the
     /// pod's grace period and answers `skipped` or `failed` rather than run late.
     pub deadline_ms: u64,
+    /// Answer `captured` as soon as the memory and files are captured (the container is running
+    /// again), while the upload goes on: the stop then proceeds without the workload running on
+    /// (and doing work the checkpoint will not hold) for the length of the upload.
+    #[serde(default)]
+    pub answer_when_captured: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +169,11 @@ pub enum ResponseBody {
     Done {
         checkpoint_ref: String,
     },
+    /// The final checkpoint's memory and files are captured; its upload goes on (it publishes
+    /// `checkpoint_ref` when complete, or nothing). Only for `answer_when_captured`.
+    Captured {
+        checkpoint_ref: String,
+    },
     /// No final checkpoint was taken, on purpose (not opted in, policy off, deadline too short).
     Skipped {
         reason: String,
@@ -203,6 +213,7 @@ pub enum PlanAnswer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckpointAnswer {
     Done { checkpoint_ref: String },
+    Captured { checkpoint_ref: String },
     Skipped { reason: String },
     Failed { reason: String },
 }
@@ -276,6 +287,7 @@ mod tests {
                 container_id: "c".into(),
                 pod: pod(),
                 deadline_ms: 20_000,
+                answer_when_captured: false,
             }),
             RequestBody::Report(ReportRequest {
                 container_id: "c".into(),

@@ -282,7 +282,8 @@ mod tests {
             c.final_checkpoint(FinalCheckpointRequest {
                 container_id: "c1".into(),
                 pod: PodRef::default(),
-                deadline_ms: 1000
+                deadline_ms: 1000,
+                answer_when_captured: false,
             })
             .unwrap(),
             CheckpointAnswer::Done {
@@ -315,6 +316,7 @@ mod tests {
                 container_id: "slow".into(),
                 pod: PodRef::default(),
                 deadline_ms: 200,
+                answer_when_captured: false,
             })
             .unwrap_err();
         let took = start.elapsed();

@@ -493,12 +493,19 @@ impl Ctx {
                     container_id: id.to_owned(),
                     pod: pod_of(&kind),
                     deadline_ms,
+                    answer_when_captured: true,
                 });
         let ms = started.elapsed().as_millis();
         match answer {
             Ok(CheckpointAnswer::Done { checkpoint_ref }) => self.log(
                 Level::Info,
                 &format!("final checkpoint of {id} before SIGTERM: {checkpoint_ref} ({ms} ms)"),
+            ),
+            Ok(CheckpointAnswer::Captured { checkpoint_ref }) => self.log(
+                Level::Info,
+                &format!(
+                    "final checkpoint of {id} before SIGTERM: {checkpoint_ref} captured ({ms} ms), uploading"
+                ),
             ),
             Ok(CheckpointAnswer::Skipped { reason }) => self.log(
                 Level::Info,
