@@ -66,6 +66,23 @@ spec:
           limits: {memory: "$((mb + 192))Mi"}
 EOF
 }
+# scenario NS APP INTERVAL COUNTER-ARGS...: a fresh namespace, a CheckpointPolicy "every-<interval>"
+# selecting app APP, and the counter Deployment APP (`counter NS APP COUNTER-ARGS...`)
+scenario() {
+  local ns=$1 app=$2 interval=$3; shift 3
+  new_ns "$ns"
+  policy "$ns" "every-$interval" "$app" "$interval"
+  counter "$ns" "$app" "$@"
+}
+# first_pod VAR LETTER NS APP: sets VAR to the scenario's one counting pod; else a failed check
+# (the test's fail) and the namespace's state
+first_pod() {
+  local p
+  p=$(wait_one_counting "$3" "$4" 90) && { printf -v "$1" %s "$p"; return 0; }
+  fail "$2: the counter pod runs"
+  diagnose "$3"
+  return 1
+}
 # the running (not deleting) pods of app $2, one name per line
 pods_of() {
   kubectl -n "$1" get pods -l "app=$2" -o json |

@@ -13,19 +13,18 @@
 #   f. a user without the restore permission: PodRestore denied, a bare pod gets no memory
 #   g. two replicas -> each resumes its own lineage, no checkpoint restored twice
 #
-# Needs root. Prints "N passed, M failed" (and skips with their reasons), exits non-zero when a
+# Needs root. Prints "N passed, M failed", exits non-zero when a
 # check failed. STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up (and stasis installed);
 # STASIS_INSTALL_NO_BUILD=1 reuses target/images/stasis.oci.tar.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER=$REPO/scripts/cluster
-PASSED=0 FAILED=0 SKIPPED=0
+PASSED=0 FAILED=0
 T_START=$(date +%s)
 WORK=$(mktemp -d /tmp/stasis-e2e-restore.XXXXXX)
 
 pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
 fail() { FAILED=$((FAILED + 1)); echo "not ok - $1${2:+: $2}"; }
-skip() { SKIPPED=$((SKIPPED + 1)); echo "skip - $1: $2"; }
 check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then pass "$name"; else fail "$name"; return 1; fi; }
 # STASIS_E2E_ONLY="d f": run only these scenarios (a and b go together)
 want() { [ -z "${STASIS_E2E_ONLY:-}" ] || grep -qw "$1" <<<"$STASIS_E2E_ONLY"; }
@@ -37,7 +36,6 @@ finish() {
   fi
   rm -rf "$WORK"
   echo "e2e restore: $(( $(date +%s) - T_START )) s"
-  [ "$SKIPPED" -eq 0 ] || echo "$SKIPPED skipped (reasons above)"
   echo "$PASSED passed, $FAILED failed"
   [ "$FAILED" -eq 0 ]
   exit $?
@@ -69,9 +67,7 @@ check "both nodes labelled stasis.dev/ready=true by their agents" retry 60 bash 
 if want a; then
 echo "# --- a. drain: 256 MiB counter, 10 s heartbeats"
 NS=e2e-drain
-new_ns "$NS"
-policy "$NS" every-10s counter 10s
-counter "$NS" counter 1 256
+scenario "$NS" counter 10s 1 256
 kubectl -n "$NS" apply -f - >/dev/null <<'EOF'
 apiVersion: v1
 kind: Service
@@ -164,11 +160,8 @@ fi
 if want c; then
 echo "# --- c. OOM kill from outside the workload"
 NS=e2e-oom
-new_ns "$NS"
-policy "$NS" every-10s oom 10s
-counter "$NS" oom 1 64
-P1=$(wait_one_counting "$NS" oom 90)
-if [ -z "$P1" ]; then fail "c: the counter pod runs"; diagnose "$NS"; else
+scenario "$NS" oom 10s 1 64
+if first_pod P1 c "$NS" oom; then
   NO=$(node_of "$NS" "$P1")
   check "c: a heartbeat of $P1 Succeeded" retry 60 n_ckpts "$NS" "$P1" 1
   follow "$NS" "$P1"
@@ -208,11 +201,8 @@ fi
 if want d; then
 echo "# --- d. delete with a 30 s grace period"
 NS=e2e-grace
-new_ns "$NS"
-policy "$NS" every-30s grace 30s
-counter "$NS" grace 1 64
-P1=$(wait_one_counting "$NS" grace 90)
-if [ -z "$P1" ]; then fail "d: the counter pod runs"; diagnose "$NS"; else
+scenario "$NS" grace 30s 1 64
+if first_pod P1 d "$NS" grace; then
   follow "$NS" "$P1"
   sleep 3
   t=$(date +%s.%N)
@@ -240,11 +230,8 @@ fi
 if want e; then
 echo "# --- e. the declared engine version changes"
 NS=e2e-compat
-new_ns "$NS"
-policy "$NS" every-10s engine 10s
-counter "$NS" engine 1 64 Recreate v1
-P1=$(wait_one_counting "$NS" engine 90)
-if [ -z "$P1" ]; then fail "e: the counter pod runs"; diagnose "$NS"; else
+scenario "$NS" engine 10s 1 64 Recreate v1
+if first_pod P1 e "$NS" engine; then
   check "e: a heartbeat of $P1 (engine v1) Succeeded" retry 60 n_ckpts $NS $P1 1
   counter "$NS" engine 1 64 Recreate v2
   P2=$(wait_replacement "$NS" engine "$P1" 120) || { fail "e: the v2 pod counts"; diagnose "$NS"; }
@@ -264,13 +251,10 @@ fi
 if want f; then
 echo "# --- f. restore is a permission of its own"
 NS=e2e-perm
-new_ns "$NS"
-policy "$NS" every-10s perm 10s
-counter "$NS" perm 1 64
+scenario "$NS" perm 10s 1 64
 kubectl -n "$NS" create rolebinding dev-edit --clusterrole=edit --user=dev >/dev/null
 kubectl -n "$NS" create rolebinding ops-restore --clusterrole=stasis-restorer --user=ops >/dev/null
-P1=$(wait_one_counting "$NS" perm 90)
-if [ -z "$P1" ]; then fail "f: the counter pod runs"; diagnose "$NS"; else
+if first_pod P1 f "$NS" perm; then
   check "f: a heartbeat of $P1 Succeeded" retry 60 n_ckpts $NS $P1 1
   REF=$(ckpts "$NS" "$P1" | tail -1 | awk '{print $3}')
   pr() { printf 'apiVersion: stasis.dev/v1alpha1\nkind: PodRestore\nmetadata: {name: steal}\nspec: {checkpointRef: "%s", targetPodName: thief, sourcePodName: "%s"}\n' "$REF" "$P1"; }
@@ -297,9 +281,7 @@ fi
 if want g; then
 echo "# --- g. two replicas"
 NS=e2e-two
-new_ns "$NS"
-policy "$NS" every-10s two 10s
-counter "$NS" two 2 64
+scenario "$NS" two 10s 2 64
 OLD=""
 two_running() { [ "$(pods_of "$NS" two | wc -l)" = 2 ]; }
 retry 90 two_running && OLD=$(pods_of "$NS" two | tr '\n' ' ')

@@ -520,22 +520,9 @@ impl Executor {
             checkpoint_ref: kept.checkpoint_ref.clone(),
             tcp_established: kept.tcp_established,
         };
-        let plan_path = planfile::path_for_pod(&self.cfg.plans_dir, pod_uid, container_name)
-            .ok_or_else(|| "no plan path for this pod".to_owned())?;
-        private_dir(&self.cfg.plans_dir).map_err(|e| e.to_string())?;
+        self.write_plan(pod_uid, container_name, &plan)
+            .map_err(|e| e.to_string())?;
         std::fs::write(dir.join(RESTORED_IN_PLACE), b"").map_err(|e| e.to_string())?;
-        planfile::write(
-            &plan_path,
-            &PlanFile {
-                v: PROTOCOL_VERSION,
-                container_id: None,
-                pod_uid: Some(pod_uid.to_owned()),
-                container_name: Some(container_name.to_owned()),
-                plan: plan.clone(),
-                expires_at_unix_ms: Some(now_ms() + self.cfg.plan_ttl.as_millis() as u64),
-            },
-        )
-        .map_err(|e| e.to_string())?;
         info!(checkpoint_ref = %kept.checkpoint_ref, %pod_uid, container = %container_name, "restart in place prepared");
         Ok(plan)
     }
@@ -611,30 +598,20 @@ impl Executor {
         let checkpoint_ref = exact.to_string();
         planfile::write_verified_stamp(&image_dir, &checkpoint_ref)
             .map_err(AgentError::io(&image_dir))?;
-        let plan_path = planfile::path_for_pod(&self.cfg.plans_dir, &job.pod_uid, &container_name)
-            .ok_or_else(|| AgentError::Invalid("no plan path for this pod".into()))?;
-        private_dir(&self.cfg.plans_dir)?;
         let tcp = manifest
             .labels
             .get(label::TCP_ESTABLISHED)
             .is_none_or(|v| v == "true");
-        planfile::write(
-            &plan_path,
-            &PlanFile {
-                v: PROTOCOL_VERSION,
-                container_id: None,
-                pod_uid: Some(job.pod_uid.clone()),
-                container_name: Some(container_name.clone()),
-                plan: Plan {
-                    image_dir: image_dir.clone(),
-                    rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
-                    checkpoint_ref: checkpoint_ref.clone(),
-                    tcp_established: tcp,
-                },
-                expires_at_unix_ms: Some(now_ms() + self.cfg.plan_ttl.as_millis() as u64),
+        let plan_path = self.write_plan(
+            &job.pod_uid,
+            &container_name,
+            &Plan {
+                image_dir: image_dir.clone(),
+                rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
+                checkpoint_ref: checkpoint_ref.clone(),
+                tcp_established: tcp,
             },
-        )
-        .map_err(AgentError::io(&plan_path))?;
+        )?;
         info!(%checkpoint_ref, pod_uid = %job.pod_uid, container = %container_name, fetch_ms, "restore prepared");
         Ok(Prepared {
             checkpoint_ref,
@@ -644,6 +621,27 @@ impl Executor {
             fetch_ms,
             bytes: manifest.logical_bytes(),
         })
+    }
+
+    /// Writes the plan file `pod_<uid>_<container>.json` the wrapper's `create` of that
+    /// container takes (valid for `plan_ttl`).
+    fn write_plan(&self, pod_uid: &str, container_name: &str, plan: &Plan) -> Result<PathBuf> {
+        let path = planfile::path_for_pod(&self.cfg.plans_dir, pod_uid, container_name)
+            .ok_or_else(|| AgentError::Invalid("no plan path for this pod".into()))?;
+        private_dir(&self.cfg.plans_dir)?;
+        planfile::write(
+            &path,
+            &PlanFile {
+                v: PROTOCOL_VERSION,
+                container_id: None,
+                pod_uid: Some(pod_uid.to_owned()),
+                container_name: Some(container_name.to_owned()),
+                plan: plan.clone(),
+                expires_at_unix_ms: Some(now_ms() + self.cfg.plan_ttl.as_millis() as u64),
+            },
+        )
+        .map_err(AgentError::io(&path))?;
+        Ok(path)
     }
 
     /// The plan for a container, from the plan files (the `restore_plan` request).

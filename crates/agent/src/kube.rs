@@ -488,25 +488,17 @@ impl KubeCluster {
     /// than this one (`HOSTNAME` is the pod's name).
     pub fn successor_agent(&self) -> Option<String> {
         let me = std::env::var("HOSTNAME").unwrap_or_default();
+        let label = |p: &Pod, k: &str| p.labels().get(k).cloned().unwrap_or_default();
         self.pods
             .state()
             .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n != me))
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && p.name_any() != me)
             .filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("app.kubernetes.io/component"))
-                    .is_some_and(|c| c == "agent")
-                    && p.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get("app.kubernetes.io/name"))
-                        .is_some_and(|c| c == "stasis")
+                label(p, "app.kubernetes.io/name") == "stasis"
+                    && label(p, "app.kubernetes.io/component") == "agent"
             })
             .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .and_then(|p| p.metadata.name.clone())
+            .map(|p| p.name_any())
     }
 }
 
@@ -597,7 +589,9 @@ impl Cluster for KubeCluster {
         self.rt.block_on(async {
             let api: Api<PodRestore> = Api::namespaced(self.client.clone(), &key.namespace);
             match api.create(&PostParams::default(), &r).await {
-                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Ok(_) => {}
+                // (a second OOM kill of the same checkpoint never gets here: no restore loop)
+                Err(e) if is_status(&e, 409) => {}
                 Err(e) => warn!(pod = %key.name, error = %e, "cannot record the restore in place"),
             }
             let s = status::restore(

@@ -194,6 +194,7 @@ impl Agent {
         ) else {
             return skipped("no time left in the grace period");
         };
+        let (captured_tx, captured_rx) = mpsc::channel();
         let job = CheckpointJob {
             target: Target::ContainerId(c.id.clone()),
             namespace: info.key.namespace.clone(),
@@ -204,14 +205,9 @@ impl Agent {
             reason: "Termination".into(),
             leave_running: true,
             deadline: Some(deadline),
-            on_captured: None,
+            on_captured: req.answer_when_captured.then_some(captured_tx),
         };
         let (tx, rx) = mpsc::channel();
-        let (captured_tx, captured_rx) = mpsc::channel();
-        let job = CheckpointJob {
-            on_captured: req.answer_when_captured.then_some(captured_tx),
-            ..job
-        };
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
         let uid = pod.pod_uid.clone();
         let spawned = std::thread::Builder::new()

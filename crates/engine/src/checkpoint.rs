@@ -93,6 +93,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
     let gpu = cuda::suspend(&pids, cuda::DEFAULT_LOCK_TIMEOUT)?;
 
+    let rootfs_kind = rootfs::detect(&state.rootfs, state.pid);
     let was_paused = state.status == "paused";
     let freeze = Instant::now();
     if !was_paused {
@@ -101,7 +102,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let mut guard = ThawGuard::arm(req.runc, req.id, !was_paused);
 
     let t = Instant::now();
-    let rootfs = rootfs::capture(&state.rootfs, state.pid, started, req.image)?;
+    let rootfs = rootfs::capture(&rootfs_kind, &state.rootfs, started, req.image)?;
     let rootfs_ms = ms(t);
 
     let t = Instant::now();

@@ -115,21 +115,22 @@ fn tar_cmd() -> Command {
 const CTIME_SLACK_NANOS: i128 = 100_000_000;
 
 /// Captures the filesystem changes of a frozen container into `image`.
-/// `rootfs` is the bundle's rootfs and `pid` the container's init process (node paths and
-/// PIDs: [`tools::host_path`] maps them for in-process reads); `started_nanos` is the container's
-/// creation time (Unix nanoseconds).
+/// `kind` is what [`detect`] found (before the freeze: it does not change while the container
+/// runs, and reading mountinfo need not lengthen the freeze); `rootfs` is the bundle's rootfs (a
+/// node path: [`tools::host_path`] maps it for in-process reads); `started_nanos` is the
+/// container's creation time (Unix nanoseconds).
 pub fn capture(
+    kind: &RootfsKind,
     rootfs: &Path,
-    pid: i32,
     started_nanos: i128,
     image: &ImageDir,
 ) -> Result<RootfsCapture, EngineError> {
     let dir = image.rootfs_dir();
     std::fs::create_dir_all(&dir).map_err(EngineError::io(&dir))?;
     let diff = image.rootfs_diff();
-    match detect(rootfs, pid) {
+    match kind {
         RootfsKind::Overlay { upper } => {
-            let (entries, whiteouts) = count_overlay(&tools::host_path(&upper))?;
+            let (entries, whiteouts) = count_overlay(&tools::host_path(upper))?;
             tools::run_capture(
                 tar_cmd()
                     .arg("--create")
@@ -137,7 +138,7 @@ pub fn capture(
                     .arg("--file")
                     .arg(&diff)
                     .arg("-C")
-                    .arg(&upper)
+                    .arg(upper)
                     .arg("."),
                 "archiving the overlay upper directory",
             )?;
@@ -416,7 +417,13 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs() as i64;
-        let cap = capture(&rootfs, 0, i128::from(now - 3600) * 1_000_000_000, &image).unwrap();
+        let cap = capture(
+            &detect(&rootfs, 0),
+            &rootfs,
+            i128::from(now - 3600) * 1_000_000_000,
+            &image,
+        )
+        .unwrap();
         assert_eq!(cap.method, RootfsMethod::ChangedSinceStart);
         assert!(cap.entries >= 4);
 
@@ -484,7 +491,7 @@ mod tests {
         let rootfs = t.path().join("rootfs");
         write(&rootfs.join("old"), "x");
         let image = ImageDir::new(t.path().join("image"));
-        let cap = capture(&rootfs, 0, i128::MAX / 2, &image).unwrap();
+        let cap = capture(&detect(&rootfs, 0), &rootfs, i128::MAX / 2, &image).unwrap();
         assert_eq!(cap.entries, 0);
         let fresh = t.path().join("fresh");
         write(&fresh.join("old"), "x");
