@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images platform demo test lint unit integration e2e e2e-install e2e-restore bench clean cluster-up cluster-down
+.PHONY: help setup build images platform demo test lint unit integration e2e e2e-install e2e-restore e2e-security bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,7 @@ e2e: setup images ## end-to-end tests on the local Kubernetes cluster: the clust
 	tests/e2e/cluster.sh || rc=1; \
 	tests/e2e/install.sh || rc=1; \
 	STASIS_INSTALL_NO_BUILD=1 tests/e2e/restore.sh || rc=1; \
+	STASIS_INSTALL_NO_BUILD=1 tests/e2e/security.sh || rc=1; \
 	exit $$rc
 
 e2e-install: setup images ## only the chart's install, upgrade and uninstall on the local cluster (tests/e2e/install.sh)
@@ -49,6 +50,9 @@ e2e-install: setup images ## only the chart's install, upgrade and uninstall on 
 
 e2e-restore: setup images ## only the restore scenarios on the local cluster (tests/e2e/restore.sh; STASIS_E2E_ONLY="a b c ...")
 	tests/e2e/restore.sh
+
+e2e-security: setup images ## only the security review's attacks on the local cluster (tests/e2e/security.sh)
+	tests/e2e/security.sh
 
 test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc), e2e (local cluster)
 	$(CARGO) build --locked --workspace --all-targets

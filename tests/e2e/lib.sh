@@ -147,3 +147,27 @@ diagnose() { # NS: what the test saw, for a failed scenario
   kubectl -n "$1" get events --sort-by=.lastTimestamp 2>&1 | tail -25 | sed 's/^/#   /'
 }
 
+# up_and_install: start the cluster, load the counter image, install the chart (a failed check and
+# the test's finish when that fails; STASIS_INSTALL_NO_BUILD=1 reuses target/images/stasis.oci.tar)
+# and wait for both agents to call their nodes ready. Needs REPO, CLUSTER, check, fail, finish.
+up_and_install() {
+  local t out rc values
+  t=$(date +%s.%N)
+  if ! "$CLUSTER" up; then fail "scripts/cluster up"; finish; fi
+  echo "# cluster up: $(secs "$t") s"
+  eval "$("$CLUSTER" env)"
+  t=$(date +%s.%N)
+  [ -f "$REPO/target/images/stasis-counter.oci.tar" ] || "$REPO/scripts/build-counter-image" >/dev/null
+  "$CLUSTER" load-image "$REPO/target/images/stasis-counter.oci.tar" >/dev/null
+  out=$("$CLUSTER" install-stasis 2>&1); rc=$?
+  echo "$out" | sed 's/^/# /'
+  check "scripts/cluster install-stasis" test $rc -eq 0
+  [ $rc -eq 0 ] || finish
+  echo "# images and install: $(secs "$t") s"
+  values=$(helm get values stasis -n stasis-system -a -o json)
+  if [ "$(jq -r .agent.standIn <<<"$values")" = true ] || [ "$(jq -r .controller.standIn <<<"$values")" = true ]; then
+    fail "stasisd and stasis-controller installed (not stand-ins)"; finish
+  fi
+  check "both nodes labelled stasis.dev/ready=true by their agents" retry 60 bash -c \
+    "test \"\$(kubectl get nodes -l stasis.dev/ready=true -o name | wc -l)\" -ge 2"
+}
