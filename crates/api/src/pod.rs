@@ -172,7 +172,12 @@ mod tests {
                 "runtimeClassName": "stasis",
                 "volumes": [
                     {"name": "data", "emptyDir": {}},
-                    {"name": token, "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+                    // As the API server's ServiceAccount admission generates it.
+                    {"name": token, "projected": {"defaultMode": 420, "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}, "path": "namespace"}]}}
+                    ]}}
                 ],
                 "containers": [{
                     "name": "counter",
@@ -204,6 +209,14 @@ mod tests {
         let mut c = deployment_pod("w1", "kube-api-access-aaaaa");
         c.spec.as_mut().unwrap().containers[0].image = Some("other".into());
         assert_ne!(spec_hash(&c).unwrap(), a);
+        // A token-named volume in another shape (here: without the namespace file) is hashed.
+        let mut d = deployment_pod("w1", "kube-api-access-aaaaa");
+        let projected = d.spec.as_mut().unwrap().volumes.as_mut().unwrap()[1]
+            .projected
+            .as_mut()
+            .unwrap();
+        projected.sources.as_mut().unwrap().pop();
+        assert_ne!(spec_hash(&d).unwrap(), a);
     }
 
     #[test]

@@ -10,25 +10,37 @@
 //!   `default`), `automountServiceAccountToken`, `securityContext`, `hostNetwork`, `hostPID`,
 //!   `hostIPC`, `hostUsers`, `shareProcessNamespace`, `runtimeClassName`, `volumes`;
 //! - per container (`containers` sorted by name; `initContainers` in their order, since order is
-//!   meaningful there): `name`, `image`, `command`, `args`, `workingDir`, `securityContext`,
-//!   `volumeMounts` (sorted by `mountPath`).
+//!   meaningful there; `ephemeralContainers` in their order): `name`, `image`,
+//!   `imagePullPolicy` (with a mutable tag it decides which code runs), `command`, `args`,
+//!   `workingDir`, `securityContext`, `restartPolicy` (sidecars), `env` (in order: names,
+//!   literal values and `valueFrom` references), `envFrom`, `lifecycle` (hooks run code in the
+//!   container), the handlers of `livenessProbe`, `readinessProbe` and `startupProbe` (`exec`,
+//!   `httpGet`, `tcpSocket`, `grpc`: an exec probe runs code in the restored container and its
+//!   output reaches Events; the timing fields are left out) and `volumeMounts` (sorted by
+//!   `mountPath`).
+//!
+//! Whoever creates the pod a checkpoint is restored into must not be able to run code in it
+//! that the checkpointed pod did not run: every field through which the pod spec runs code in a
+//! container or feeds it input is kept.
 //!
 //! **Left out**: everything generated or placed per instance (node name, pod name and UID,
 //! hostname, status, scheduler and priority fields, tolerations the API server adds),
-//! `ephemeralContainers` (added later through a subresource), resources, env, probes, and the
-//! projected service-account token volume `kube-api-access-*` together with its mounts (its
-//! suffix is random per pod).
+//! resources, probe timings, and the service-account token volume the API server adds, only
+//! in its exact generated shape ([`generated_token_volumes`]: a projected volume named
+//! `kube-api-access-*` whose sources are exactly the token, `kube-root-ca.crt` and the
+//! namespace, mounted read-only at [`SERVICE_ACCOUNT_PATH`] and nowhere else), together with
+//! its mounts (its suffix is random per pod). A volume of that name in any other shape is
+//! hashed like every other volume.
 //!
 //! **Normalised**: `null`, `{}` and `[]` values are dropped (absent and empty mean the same to
 //! Kubernetes), `false` booleans are dropped for the pod-level host flags (their default), object
 //! keys are sorted. The canonical JSON (sorted keys, no whitespace) is hashed with BLAKE3 and
 //! written `blake3:<hex>`.
 //!
-//! A rollout that changes only env or resources keeps the hash; a workload that needs such a
-//! change to refuse old checkpoints declares a version label, which the compatibility rule
-//! compares.
+//! A rollout that changes only resources keeps the hash; a workload that needs such a change to
+//! refuse old checkpoints declares a version label, which the compatibility rule compares.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -36,6 +48,8 @@ use serde_json::{Map, Value};
 
 /// Prefix of the projected service-account token volume the API server adds to every pod.
 pub const KUBE_API_ACCESS_PREFIX: &str = "kube-api-access-";
+/// Where the API server mounts the service-account token volume.
+pub const SERVICE_ACCOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 const POD_KEYS: &[&str] = &[
     "automountServiceAccountToken",
@@ -51,11 +65,19 @@ const HOST_FLAGS: &[&str] = &["hostNetwork", "hostPID", "hostIPC", "shareProcess
 const CONTAINER_KEYS: &[&str] = &[
     "name",
     "image",
+    "imagePullPolicy",
     "command",
     "args",
     "workingDir",
     "securityContext",
+    "restartPolicy",
+    "env",
+    "envFrom",
+    "lifecycle",
 ];
+const PROBES: &[&str] = &["livenessProbe", "readinessProbe", "startupProbe"];
+/// The parts of a probe that say what runs (its timings are left out).
+const PROBE_HANDLERS: &[&str] = &["exec", "httpGet", "tcpSocket", "grpc"];
 
 /// `blake3:<64 hex>`: the hash of a normalised pod spec.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -89,22 +111,22 @@ pub fn normalise(spec: &Value) -> Value {
         .unwrap_or("default");
     out.insert("serviceAccountName".into(), Value::String(sa.into()));
 
+    let token = generated_token_volumes(spec);
     if let Some(vols) = spec.get("volumes").and_then(Value::as_array) {
         let mut vols: Vec<Value> = vols
             .iter()
-            .filter(|v| !is_token_volume(v))
+            .filter(|v| !token.contains(name_of(v)))
             .cloned()
             .collect();
         vols.sort_by(|a, b| name_of(a).cmp(name_of(b)));
         out.insert("volumes".into(), Value::Array(vols));
     }
-    let mut containers = containers_of(spec, "containers");
+    let mut containers = containers_of(spec, "containers", &token);
     containers.sort_by(|a, b| name_of(a).cmp(name_of(b)));
     out.insert("containers".into(), Value::Array(containers));
-    out.insert(
-        "initContainers".into(),
-        Value::Array(containers_of(spec, "initContainers")),
-    );
+    for key in ["initContainers", "ephemeralContainers"] {
+        out.insert(key.into(), Value::Array(containers_of(spec, key, &token)));
+    }
     prune(Value::Object(out)).unwrap_or_else(|| Value::Object(Map::new()))
 }
 
@@ -119,7 +141,7 @@ pub fn spec_hash(spec: &Value) -> SpecHash {
     ))
 }
 
-fn containers_of(spec: &Map<String, Value>, key: &str) -> Vec<Value> {
+fn containers_of(spec: &Map<String, Value>, key: &str, token: &BTreeSet<String>) -> Vec<Value> {
     let Some(list) = spec.get(key).and_then(Value::as_array) else {
         return Vec::new();
     };
@@ -131,10 +153,21 @@ fn containers_of(spec: &Map<String, Value>, key: &str) -> Vec<Value> {
                     out.insert((*k).to_owned(), v.clone());
                 }
             }
+            for probe in PROBES {
+                let Some(p) = c.get(*probe).and_then(Value::as_object) else {
+                    continue;
+                };
+                let handler: Map<String, Value> = p
+                    .iter()
+                    .filter(|(k, _)| PROBE_HANDLERS.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                out.insert((*probe).to_owned(), Value::Object(handler));
+            }
             if let Some(mounts) = c.get("volumeMounts").and_then(Value::as_array) {
                 let mut mounts: Vec<Value> = mounts
                     .iter()
-                    .filter(|m| !name_of(m).starts_with(KUBE_API_ACCESS_PREFIX))
+                    .filter(|m| !token.contains(name_of(m)))
                     .cloned()
                     .collect();
                 mounts.sort_by(|a, b| {
@@ -157,9 +190,95 @@ fn name_of(v: &Value) -> &str {
     v.get("name").and_then(Value::as_str).unwrap_or("")
 }
 
-/// The API server's token volume: named `kube-api-access-*` and projected.
-fn is_token_volume(v: &Value) -> bool {
-    name_of(v).starts_with(KUBE_API_ACCESS_PREFIX) && v.get("projected").is_some()
+/// Names of the service-account token volumes the API server generated, recognised only in
+/// their exact shape: named `kube-api-access-*`; a projected volume of exactly the token (path
+/// `token`), the `ca.crt` of ConfigMap `kube-root-ca.crt` and the pod's namespace, file mode
+/// 0644 or unset; mounted only read-only at [`SERVICE_ACCOUNT_PATH`], without a sub-path. Any
+/// other volume of that name can put files the checkpointed pod did not see into the restored
+/// one, so it is hashed.
+pub fn generated_token_volumes(spec: &Map<String, Value>) -> BTreeSet<String> {
+    let mounts: Vec<&Value> = ["containers", "initContainers", "ephemeralContainers"]
+        .iter()
+        .filter_map(|k| spec.get(*k).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|c| c.get("volumeMounts").and_then(Value::as_array))
+        .flatten()
+        .collect();
+    let standard_mount = |m: &Value| {
+        only_keys(m, &["name", "mountPath", "readOnly"])
+            && m.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_PATH)
+            && ro_flag(m)
+    };
+    spec.get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| name_of(v).starts_with(KUBE_API_ACCESS_PREFIX) && is_generated_token_source(v))
+        .filter(|v| {
+            mounts
+                .iter()
+                .filter(|m| name_of(m) == name_of(v))
+                .all(|m| standard_mount(m))
+        })
+        .map(|v| name_of(v).to_owned())
+        .collect()
+}
+
+/// The projected source of the generated token volume (see [`generated_token_volumes`]).
+fn is_generated_token_source(v: &Value) -> bool {
+    let Some(p) = v.get("projected") else {
+        return false;
+    };
+    let mode_ok = p.get("defaultMode").is_none_or(|m| m == &Value::from(420));
+    let Some(sources) = p.get("sources").and_then(Value::as_array) else {
+        return false;
+    };
+    let [token, ca, ns] = sources.as_slice() else {
+        return false;
+    };
+    let token_ok = only_keys(token, &["serviceAccountToken"])
+        && token.get("serviceAccountToken").is_some_and(|t| {
+            only_keys(t, &["path", "expirationSeconds"])
+                && t.get("path").and_then(Value::as_str) == Some("token")
+        });
+    let ca_ok = ca
+        == &serde_json::json!({"configMap": {"name": "kube-root-ca.crt",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}]}});
+    let ns_ok = ns.get("downwardAPI").is_some_and(|d| {
+        let item = d
+            .get("items")
+            .and_then(Value::as_array)
+            .and_then(|i| match i.as_slice() {
+                [one] => Some(one),
+                _ => None,
+            });
+        only_keys(ns, &["downwardAPI"])
+            && only_keys(d, &["items"])
+            && item.is_some_and(|i| {
+                only_keys(i, &["path", "fieldRef"])
+                    && i.get("path").and_then(Value::as_str) == Some("namespace")
+                    && i.get("fieldRef").is_some_and(|f| {
+                        only_keys(f, &["apiVersion", "fieldPath"])
+                            && f.get("fieldPath").and_then(Value::as_str)
+                                == Some("metadata.namespace")
+                            && f.get("apiVersion").is_none_or(|a| a == "v1")
+                    })
+            })
+    });
+    only_keys(v, &["name", "projected"])
+        && only_keys(p, &["sources", "defaultMode"])
+        && mode_ok
+        && token_ok
+        && ca_ok
+        && ns_ok
+}
+
+/// `v` is an object whose non-null members are all among `keys`.
+fn only_keys(v: &Value, keys: &[&str]) -> bool {
+    v.as_object().is_some_and(|m| {
+        m.iter()
+            .all(|(k, v)| v.is_null() || keys.contains(&k.as_str()))
+    })
 }
 
 /// Drops nulls, empty objects and empty arrays, recursively; `None` when nothing is left.
@@ -266,8 +385,12 @@ pub fn volume_facts(spec: &Value) -> Vec<VolumeFacts> {
         .filter_map(|c| c.get("volumeMounts").and_then(Value::as_array))
         .flatten()
         .collect();
+    let token = spec
+        .as_object()
+        .map(generated_token_volumes)
+        .unwrap_or_default();
     vols.iter()
-        .filter(|v| !is_token_volume(v))
+        .filter(|v| !token.contains(name_of(v)))
         .map(|v| {
             let name = name_of(v).to_owned();
             let (kind, source_ro) = if v.get("emptyDir").is_some() {
@@ -333,7 +456,7 @@ mod tests {
             "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
             "volumes": [
                 {"name": "data", "emptyDir": {}},
-                {"name": "kube-api-access-x7k2p", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+                token_volume("kube-api-access-x7k2p"),
                 {"name": "cfg", "configMap": {"name": "cfg"}}
             ],
             "containers": [{
@@ -342,6 +465,7 @@ mod tests {
                 "command": ["/counter"],
                 "args": ["--state-mib", "256"],
                 "env": [{"name": "A", "value": "1"}],
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
                 "resources": {"limits": {"memory": "512Mi"}},
                 "terminationMessagePath": "/dev/termination-log",
                 "securityContext": {"allowPrivilegeEscalation": false},
@@ -351,6 +475,15 @@ mod tests {
                 ]
             }]
         })
+    }
+
+    /// The token volume exactly as the API server's ServiceAccount admission generates it.
+    fn token_volume(name: &str) -> Value {
+        json!({"name": name, "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}, "path": "namespace"}]}}
+        ]}})
     }
 
     fn with(mut v: Value, f: impl FnOnce(&mut Value)) -> Value {
@@ -363,13 +496,14 @@ mod tests {
         let a = spec_hash(&source_spec());
         assert!(a.0.starts_with("blake3:") && a.0.len() == 7 + 64, "{a}");
         // The replacement: other node, other token volume suffix, other tolerations,
-        // env and resources changed, volumes in another order, an empty securityContext.
+        // resources and probe timings changed, volumes in another order, an empty
+        // securityContext.
         let b = with(source_spec(), |s| {
             s["nodeName"] = json!("worker-2");
             s["volumes"][1]["name"] = json!("kube-api-access-abcde");
             s["containers"][0]["volumeMounts"][0]["name"] = json!("kube-api-access-abcde");
             s["tolerations"] = json!([]);
-            s["containers"][0]["env"] = json!([{"name": "A", "value": "2"}]);
+            s["containers"][0]["livenessProbe"]["periodSeconds"] = json!(30);
             s["containers"][0]["resources"] = json!({"limits": {"memory": "1Gi"}});
             s["volumes"].as_array_mut().unwrap().reverse();
             s["hostNetwork"] = Value::Null;
@@ -442,6 +576,97 @@ mod tests {
                 "init container",
                 Box::new(|s| s["initContainers"] = json!([{"name": "init", "image": "x"}])),
             ),
+            (
+                "exec liveness probe",
+                Box::new(|s| {
+                    s["containers"][0]["livenessProbe"] =
+                        json!({"exec": {"command": ["cat", "/proc/1/environ"]}})
+                }),
+            ),
+            (
+                "exec readiness probe",
+                Box::new(|s| {
+                    s["containers"][0]["readinessProbe"] =
+                        json!({"exec": {"command": ["sh", "-c", "cat /proc/1/fd/*"]}})
+                }),
+            ),
+            (
+                "startup probe",
+                Box::new(|s| {
+                    s["containers"][0]["startupProbe"] = json!({"tcpSocket": {"port": 9}})
+                }),
+            ),
+            (
+                "grpc probe",
+                Box::new(|s| s["containers"][0]["livenessProbe"] = json!({"grpc": {"port": 9}})),
+            ),
+            (
+                "postStart hook",
+                Box::new(|s| {
+                    s["containers"][0]["lifecycle"] =
+                        json!({"postStart": {"exec": {"command": ["/bin/sh", "-c", "x"]}}})
+                }),
+            ),
+            (
+                "preStop hook",
+                Box::new(|s| {
+                    s["containers"][0]["lifecycle"] =
+                        json!({"preStop": {"httpGet": {"path": "/dump", "port": 1}}})
+                }),
+            ),
+            (
+                "literal env value",
+                Box::new(|s| s["containers"][0]["env"][0]["value"] = json!("2")),
+            ),
+            (
+                "env var added",
+                Box::new(|s| {
+                    s["containers"][0]["env"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"name": "LD_PRELOAD", "value": "/data/x.so"}))
+                }),
+            ),
+            (
+                "env from a secret",
+                Box::new(|s| {
+                    s["containers"][0]["env"][0] = json!({"name": "A", "valueFrom":
+                        {"secretKeyRef": {"name": "other", "key": "k"}}})
+                }),
+            ),
+            (
+                "envFrom",
+                Box::new(|s| {
+                    s["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "evil"}}])
+                }),
+            ),
+            (
+                "imagePullPolicy",
+                Box::new(|s| s["containers"][0]["imagePullPolicy"] = json!("Always")),
+            ),
+            (
+                "ephemeral container",
+                Box::new(|s| {
+                    s["ephemeralContainers"] = json!([{"name": "debug", "image": "busybox"}])
+                }),
+            ),
+            (
+                "token volume mounted elsewhere",
+                Box::new(|s| {
+                    s["containers"][0]["volumeMounts"][0]["mountPath"] = json!("/etc/app")
+                }),
+            ),
+            (
+                "token volume with another source",
+                Box::new(|s| {
+                    s["volumes"][1]["projected"]["sources"][1]["configMap"]["name"] =
+                        json!("attacker-config")
+                }),
+            ),
+            (
+                "token volume writable",
+                Box::new(|s| s["containers"][0]["volumeMounts"][0]["readOnly"] = json!(false)),
+            ),
         ];
         for (what, change) in changes {
             let changed = with(source_spec(), change);
@@ -480,7 +705,12 @@ mod tests {
         assert!(n.get("hostNetwork").is_none());
         assert_eq!(n["volumes"].as_array().unwrap().len(), 2);
         let c = &n["containers"][0];
-        assert!(c.get("env").is_none() && c.get("resources").is_none());
+        assert!(c.get("resources").is_none());
+        assert_eq!(c["env"][0]["name"], "A");
+        assert_eq!(
+            c["livenessProbe"],
+            json!({"httpGet": {"path": "/healthz", "port": 8080}})
+        );
         assert_eq!(c["volumeMounts"].as_array().unwrap().len(), 1);
         assert_eq!(
             normalise(&json!(null)),
@@ -489,12 +719,51 @@ mod tests {
     }
 
     #[test]
+    fn a_projected_volume_named_like_the_token_is_hashed_unless_generated() {
+        // An attacker's volume named kube-api-access-x, mounted over an application path.
+        let forged = |name: &str| {
+            json!({
+                "volumes": [{"name": name, "projected": {"sources": [
+                    {"configMap": {"name": "attacker", "items": [{"key": "k", "path": "hook.sh"}]}}
+                ]}}],
+                "containers": [{"name": "a", "image": "i", "volumeMounts": [
+                    {"name": name, "mountPath": "/app/hooks", "readOnly": true}
+                ]}]
+            })
+        };
+        let none = json!({"containers": [{"name": "a", "image": "i"}]});
+        assert_ne!(spec_hash(&forged("kube-api-access-x")), spec_hash(&none));
+        assert!(
+            generated_token_volumes(forged("kube-api-access-x").as_object().unwrap()).is_empty()
+        );
+        // The generated one, whatever its suffix, is left out.
+        let generated = |name: &str| {
+            json!({
+                "volumes": [token_volume(name)],
+                "containers": [{"name": "a", "image": "i", "volumeMounts": [
+                    {"name": name, "mountPath": SERVICE_ACCOUNT_PATH, "readOnly": true}
+                ]}]
+            })
+        };
+        assert_eq!(
+            spec_hash(&generated("kube-api-access-abcde")),
+            spec_hash(&none)
+        );
+        assert_eq!(
+            spec_hash(&generated("kube-api-access-abcde")),
+            spec_hash(&generated("kube-api-access-fghij"))
+        );
+        // Another name with the generated shape is an ordinary volume.
+        assert_ne!(spec_hash(&generated("tokens")), spec_hash(&none));
+    }
+
+    #[test]
     fn volume_classification() {
         let spec = json!({
             "volumes": [
                 {"name": "scratch", "emptyDir": {}},
                 {"name": "cfg", "configMap": {"name": "c"}},
-                {"name": "kube-api-access-zz", "projected": {"sources": []}},
+                token_volume("kube-api-access-zz"),
                 {"name": "db", "persistentVolumeClaim": {"claimName": "db"}},
                 {"name": "models", "persistentVolumeClaim": {"claimName": "m", "readOnly": true}},
                 {"name": "host", "hostPath": {"path": "/var/log"}},
