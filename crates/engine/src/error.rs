@@ -57,6 +57,13 @@ pub enum EngineError {
 
     #[error("filesystem capture failed: {0}")]
     Rootfs(String),
+
+    #[error("restoring the filesystem changes of {}: entry {entry:?}: {reason}", archive.display())]
+    RootfsEntry {
+        archive: PathBuf,
+        entry: String,
+        reason: String,
+    },
 }
 
 fn join(m: &[Mismatch]) -> String {

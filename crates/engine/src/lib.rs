@@ -21,5 +21,6 @@ pub mod restore;
 pub mod rootfs;
 pub mod runc;
 pub mod tools;
+mod unpack;
 
 pub use error::EngineError;

@@ -6,15 +6,17 @@
 //! - **overlayfs** (containerd's snapshotters, Kubernetes): the upper directory *is* the set of
 //!   changes. It is archived whole, with whiteouts (character devices 0/0), opaque directories
 //!   (`trusted.overlay.opaque`), modes, owners and xattrs. On restore, whiteouts delete, opaque
-//!   directories are emptied, and everything else is extracted through the target's merged view.
+//!   directories are emptied, and everything else is put into the target's merged view.
 //! - **plain directory** (a runc bundle made by hand): every entry whose ctime is at or after the
 //!   container's creation (minus one second of slack) is archived, with the list of every path
 //!   present at checkpoint time. On restore, paths of the fresh rootfs missing from that list are
 //!   deleted and the archive is extracted over it. Copying the whole rootfs was the alternative;
 //!   the changed-since-start set keeps the freeze window proportional to what the workload wrote.
 //!
-//! Archives are written and read by GNU tar (`--xattrs --numeric-owner`), which handles sparse
-//! files, hard links and every xattr namespace; the `tar` crate only scans headers.
+//! Archives are written by GNU tar (`--xattrs --numeric-owner --sparse`), which reads the upper
+//! directory or rootfs as it is. They are read back by [`crate::unpack`], never by tar: the
+//! target holds the image's symlinks, which mean the host's files when followed from the host,
+//! so every restore step is confined to the target through descriptors.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -29,6 +31,7 @@ use stasis_core::manifest::{RootfsCapture, RootfsMethod};
 use crate::error::EngineError;
 use crate::image::ImageDir;
 use crate::tools;
+use crate::unpack;
 
 /// What a rootfs is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,6 +243,11 @@ fn count_overlay(upper: &Path) -> Result<(u64, u64), EngineError> {
 }
 
 /// Puts the captured changes into a fresh rootfs (a plain directory, or an overlay's merged view).
+///
+/// Confined to `target` by construction ([`crate::unpack`]): the archive is checked whole first
+/// (a refused entry is named and nothing is changed), then every deletion and every new entry is
+/// made through descriptors resolved inside `target`, so neither the archive nor the image's own
+/// symlinks can reach the host's files.
 pub fn apply(image: &ImageDir, method: RootfsMethod, target: &Path) -> Result<(), EngineError> {
     let diff = image.rootfs_diff();
     if !diff.exists() {
@@ -250,135 +258,20 @@ pub fn apply(image: &ImageDir, method: RootfsMethod, target: &Path) -> Result<()
     }
     match method {
         RootfsMethod::ChangedSinceStart => {
+            let checked = unpack::check(&diff, unpack::Flavor::Plain)?;
             let paths = image.rootfs_paths();
             let raw = std::fs::read(&paths).map_err(EngineError::io(&paths))?;
             let keep: HashSet<&[u8]> = raw.split(|b| *b == 0).filter(|s| !s.is_empty()).collect();
-            delete_not_in(target, &keep)?;
-            extract(&diff, target, &[])?;
+            unpack::delete_not_in(target, &keep)?;
+            checked.apply(target)?;
         }
         RootfsMethod::OverlayUpper => {
-            let (whiteouts, opaque) = scan_overlay_archive(&diff)?;
-            for dir in &opaque {
-                let d = target.join(dir);
-                if let Ok(rd) = std::fs::read_dir(&d) {
-                    for e in rd.flatten() {
-                        remove_any(&e.path())?;
-                    }
-                }
-            }
-            for w in &whiteouts {
-                remove_any(&target.join(w))?;
-            }
-            // Whiteouts stand for deletions: never extract them (an overlay's merged view, the
-            // usual target, refuses `mknod c 0 0`). Exact names, one per line.
-            let exclude = std::env::temp_dir().join(format!(
-                "stasis-whiteouts-{}-{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.subsec_nanos())
-            ));
-            let mut list = Vec::new();
-            for w in &whiteouts {
-                let b = w.as_os_str().as_bytes();
-                if b.contains(&b'\n') {
-                    return Err(EngineError::Rootfs(format!(
-                        "{}: a deleted path with a newline in its name",
-                        diff.display()
-                    )));
-                }
-                list.extend_from_slice(b);
-                list.push(b'\n');
-            }
-            std::fs::write(&exclude, &list).map_err(EngineError::io(&exclude))?;
-            let exclude_arg = format!("--exclude-from={}", exclude.display());
-            let r = extract(
-                &diff,
-                target,
-                &[
-                    "--xattrs-exclude=trusted.overlay.*",
-                    "--no-wildcards",
-                    "--anchored",
-                    "--no-unquote",
-                    &exclude_arg,
-                ],
-            );
-            let _ = std::fs::remove_file(&exclude);
-            r?;
+            // Whiteouts delete and opaque directories are emptied as the archive is read; the
+            // upper directory lists a directory before what is in it.
+            unpack::check(&diff, unpack::Flavor::OverlayUpper)?.apply(target)?;
         }
     }
     Ok(())
-}
-
-fn extract(diff: &Path, target: &Path, extra: &[&str]) -> Result<(), EngineError> {
-    tools::run_capture(
-        tar_cmd()
-            .args(["--extract", "--preserve-permissions", "--same-owner"])
-            .args(extra)
-            .arg("--file")
-            .arg(diff)
-            .arg("-C")
-            .arg(target),
-        "extracting the rootfs changes",
-    )
-    .map(drop)
-}
-
-fn remove_any(p: &Path) -> Result<(), EngineError> {
-    match std::fs::symlink_metadata(p) {
-        Err(_) => Ok(()),
-        Ok(md) if md.is_dir() => std::fs::remove_dir_all(p).map_err(EngineError::io(p)),
-        Ok(_) => std::fs::remove_file(p).map_err(EngineError::io(p)),
-    }
-}
-
-/// Deletes every entry under `root` whose relative path is not in `keep` (deepest first).
-fn delete_not_in(root: &Path, keep: &HashSet<&[u8]>) -> Result<(), EngineError> {
-    let dev = std::fs::metadata(root)
-        .map_err(EngineError::io(root))?
-        .dev();
-    let mut gone = Vec::new();
-    walk(root, root, dev, &mut |rel, _| {
-        if !keep.contains(rel.as_os_str().as_bytes()) {
-            gone.push(rel.to_path_buf());
-        }
-    })?;
-    for rel in gone {
-        remove_any(&root.join(rel))?;
-    }
-    Ok(())
-}
-
-/// Whiteouts and opaque directories in an archive of an overlay upper directory.
-fn scan_overlay_archive(diff: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), EngineError> {
-    let f = std::fs::File::open(diff).map_err(EngineError::io(diff))?;
-    let mut ar = tar::Archive::new(std::io::BufReader::new(f));
-    let (mut whiteouts, mut opaque) = (Vec::new(), Vec::new());
-    let bad = |e: std::io::Error| EngineError::Rootfs(format!("{}: {e}", diff.display()));
-    for entry in ar.entries().map_err(bad)? {
-        let mut entry = entry.map_err(bad)?;
-        let path = entry.path().map_err(bad)?.into_owned();
-        let h = entry.header();
-        if h.entry_type() == tar::EntryType::Char
-            && h.device_major().ok().flatten() == Some(0)
-            && h.device_minor().ok().flatten() == Some(0)
-        {
-            whiteouts.push(path);
-            continue;
-        }
-        if h.entry_type() == tar::EntryType::Directory {
-            if let Some(exts) = entry.pax_extensions().map_err(bad)? {
-                for ext in exts.flatten() {
-                    if ext.key_bytes() == b"SCHILY.xattr.trusted.overlay.opaque"
-                        && ext.value_bytes() == b"y"
-                    {
-                        opaque.push(path.clone());
-                    }
-                }
-            }
-        }
-    }
-    Ok((whiteouts, opaque))
 }
 
 #[cfg(test)]
@@ -497,5 +390,482 @@ mod tests {
         write(&fresh.join("old"), "x");
         apply(&image, cap.method, &fresh).unwrap();
         assert!(fresh.join("old").exists());
+    }
+
+    // --- Restores are confined to the target (the new container's rootfs) ---
+
+    /// Builds `rootfs/diff.tar` from raw headers: names are written as given (absolute, `..`),
+    /// as a crafted archive would have them; owners are this process's, so no root is needed.
+    struct Crafted {
+        b: tar::Builder<std::fs::File>,
+        uid: u64,
+        gid: u64,
+    }
+
+    impl Crafted {
+        fn new(image: &ImageDir) -> Self {
+            std::fs::create_dir_all(image.rootfs_dir()).unwrap();
+            let md = std::fs::metadata(image.rootfs_dir()).unwrap();
+            Self {
+                b: tar::Builder::new(std::fs::File::create(image.rootfs_diff()).unwrap()),
+                uid: u64::from(md.uid()),
+                gid: u64::from(md.gid()),
+            }
+        }
+
+        fn pax(&mut self, kv: &[(&str, &[u8])]) {
+            let mut data = Vec::new();
+            for (k, v) in kv {
+                let body = 1 + k.len() + 1 + v.len() + 1;
+                let mut len = body + 1;
+                while len.to_string().len() + body != len {
+                    len += 1;
+                }
+                data.extend_from_slice(format!("{len} {k}=").as_bytes());
+                data.extend_from_slice(v);
+                data.push(b'\n');
+            }
+            self.raw(
+                tar::EntryType::XHeader,
+                b"PaxHeaders/x",
+                None,
+                &data,
+                (0, 0),
+            );
+        }
+
+        fn raw(
+            &mut self,
+            ty: tar::EntryType,
+            name: &[u8],
+            link: Option<&[u8]>,
+            data: &[u8],
+            dev: (u32, u32),
+        ) {
+            let mut h = tar::Header::new_ustar();
+            h.as_old_mut().name[..name.len()].copy_from_slice(name);
+            if let Some(l) = link {
+                h.as_old_mut().linkname[..l.len()].copy_from_slice(l);
+            }
+            h.set_entry_type(ty);
+            h.set_mode(if ty == tar::EntryType::Directory {
+                0o755
+            } else {
+                0o644
+            });
+            h.set_uid(self.uid);
+            h.set_gid(self.gid);
+            h.set_mtime(1_700_000_000);
+            h.set_size(data.len() as u64);
+            h.set_device_major(dev.0).unwrap();
+            h.set_device_minor(dev.1).unwrap();
+            h.set_cksum();
+            self.b.append(&h, data).unwrap();
+        }
+
+        fn dir(&mut self, name: &str) {
+            self.raw(
+                tar::EntryType::Directory,
+                name.as_bytes(),
+                None,
+                b"",
+                (0, 0),
+            );
+        }
+        fn opaque_dir(&mut self, name: &str) {
+            self.pax(&[("SCHILY.xattr.trusted.overlay.opaque", b"y")]);
+            self.dir(name);
+        }
+        fn file(&mut self, name: &str, data: &str) {
+            self.raw(
+                tar::EntryType::Regular,
+                name.as_bytes(),
+                None,
+                data.as_bytes(),
+                (0, 0),
+            );
+        }
+        fn whiteout(&mut self, name: &str) {
+            self.raw(tar::EntryType::Char, name.as_bytes(), None, b"", (0, 0));
+        }
+        fn done(mut self) {
+            self.b.finish().unwrap();
+        }
+    }
+
+    /// A temp dir with `outside/` (a host directory with a canary), `fresh/` (the new rootfs)
+    /// and an image dir.
+    fn confinement_world() -> (tempfile::TempDir, PathBuf, PathBuf, ImageDir) {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        write(&outside.join("canary/keep"), "host");
+        let fresh = t.path().join("fresh");
+        std::fs::create_dir_all(&fresh).unwrap();
+        let image = ImageDir::new(t.path().join("image"));
+        (t, outside, fresh, image)
+    }
+
+    fn assert_outside_intact(outside: &Path) {
+        assert_eq!(
+            std::fs::read_to_string(outside.join("canary/keep"))
+                .ok()
+                .as_deref(),
+            Some("host"),
+            "the restore changed a host directory outside the rootfs"
+        );
+        let names: Vec<_> = std::fs::read_dir(outside)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("canary")],
+            "new host files"
+        );
+    }
+
+    #[test]
+    fn opaque_dir_over_an_image_symlink_to_the_host_stays_inside() {
+        let (_t, outside, fresh, image) = confinement_world();
+        std::fs::create_dir_all(fresh.join("var")).unwrap();
+        std::os::unix::fs::symlink(&outside, fresh.join("var/run")).unwrap();
+        let mut a = Crafted::new(&image);
+        a.dir("./");
+        a.dir("./var/");
+        a.opaque_dir("./var/run/");
+        a.file("./var/run/app.pid", "1");
+        a.done();
+        apply(&image, RootfsMethod::OverlayUpper, &fresh).unwrap();
+        assert_outside_intact(&outside);
+        // The image's symlink was replaced by the (opaque) directory of the archive.
+        let md = std::fs::symlink_metadata(fresh.join("var/run")).unwrap();
+        assert!(md.is_dir(), "var/run is not a directory: {md:?}");
+        assert_eq!(std::fs::read_dir(fresh.join("var/run")).unwrap().count(), 1);
+        assert_eq!(
+            std::fs::read_to_string(fresh.join("var/run/app.pid")).unwrap(),
+            "1"
+        );
+    }
+
+    #[test]
+    fn whiteouts_and_opaque_dirs_named_outside_the_archive_are_refused() {
+        for name in ["/abs", "../x", "a/../../x", "./a/../../../x"] {
+            let (t, outside, fresh, image) = confinement_world();
+            write(&fresh.join("a/keep"), "image");
+            // What each name would reach from the target: absolute names the host's
+            // `outside`, `..` names the temp dir's `outside`.
+            let abs = format!("{}/canary", outside.display());
+            let name_bytes = if name == "/abs" {
+                abs
+            } else {
+                name.replace('x', "outside/canary")
+            };
+            for opaque in [false, true] {
+                let mut a = Crafted::new(&image);
+                a.dir("./");
+                if opaque {
+                    a.opaque_dir(&name_bytes);
+                } else {
+                    a.whiteout(&name_bytes);
+                }
+                a.done();
+                let err = apply(&image, RootfsMethod::OverlayUpper, &fresh)
+                    .expect_err(&format!("{name_bytes} was accepted"))
+                    .to_string();
+                assert!(err.contains(&name_bytes), "{err}");
+                assert!(err.contains("refused before anything was changed"), "{err}");
+                assert_outside_intact(&outside);
+                assert!(fresh.join("a/keep").exists());
+            }
+            drop(t);
+        }
+    }
+
+    #[test]
+    fn members_under_an_image_symlink_to_the_host_never_reach_it() {
+        for link in ["ABS", "../../../outside"] {
+            let (_t, outside, fresh, image) = confinement_world();
+            std::fs::create_dir_all(fresh.join("var")).unwrap();
+            let text = if link == "ABS" {
+                outside.clone()
+            } else {
+                PathBuf::from(link)
+            };
+            std::os::unix::fs::symlink(&text, fresh.join("var/run")).unwrap();
+            // No `./var/run/` entry: GNU tar would write through the symlink.
+            let mut a = Crafted::new(&image);
+            a.file("./var/run/evil", "evil");
+            a.whiteout("./var/run/canary");
+            a.done();
+            let r = apply(&image, RootfsMethod::OverlayUpper, &fresh);
+            assert_outside_intact(&outside);
+            if let Err(e) = r {
+                assert!(e.to_string().contains("./var/run/evil"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn device_nodes_are_refused_naming_the_entry() {
+        for (ty, dev, name) in [
+            (tar::EntryType::Char, (1, 3), "./dev-null"),
+            (tar::EntryType::Block, (8, 0), "./disk"),
+        ] {
+            let (_t, _outside, fresh, image) = confinement_world();
+            let mut a = Crafted::new(&image);
+            a.file("./before", "x");
+            a.raw(ty, name.as_bytes(), None, b"", dev);
+            a.done();
+            let err = apply(&image, RootfsMethod::OverlayUpper, &fresh)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name) && err.contains("device node"), "{err}");
+            assert!(!fresh.join("before").exists(), "changed before refusing");
+        }
+        // Not even a 0/0 character device in a plain rootfs: there it is no whiteout.
+        let (_t, _outside, fresh, image) = confinement_world();
+        std::fs::write(image.rootfs_paths(), b"").ok();
+        let mut a = Crafted::new(&image);
+        a.whiteout("./w");
+        a.done();
+        std::fs::write(image.rootfs_paths(), b"").unwrap();
+        let err = apply(&image, RootfsMethod::ChangedSinceStart, &fresh)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("./w") && err.contains("device node"), "{err}");
+    }
+
+    #[test]
+    fn hard_links_out_of_the_tree_are_refused_or_stay_inside() {
+        use std::os::unix::fs::MetadataExt;
+        for target in ["../outside/canary/keep", "/etc/passwd", "a/../../x"] {
+            let (_t, outside, fresh, image) = confinement_world();
+            let mut a = Crafted::new(&image);
+            a.raw(
+                tar::EntryType::Link,
+                b"./l",
+                Some(target.as_bytes()),
+                b"",
+                (0, 0),
+            );
+            a.done();
+            let err = apply(&image, RootfsMethod::OverlayUpper, &fresh)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("./l") && err.contains("leave the rootfs"),
+                "{err}"
+            );
+            assert_outside_intact(&outside);
+        }
+        // Through an image symlink to the host: resolved inside the rootfs, where it is absent.
+        let (_t, outside, fresh, image) = confinement_world();
+        std::os::unix::fs::symlink(&outside, fresh.join("w")).unwrap();
+        let mut a = Crafted::new(&image);
+        a.raw(
+            tar::EntryType::Link,
+            b"./l",
+            Some(b"w/canary/keep"),
+            b"",
+            (0, 0),
+        );
+        a.done();
+        assert!(apply(&image, RootfsMethod::OverlayUpper, &fresh).is_err());
+        assert_eq!(
+            std::fs::metadata(outside.join("canary/keep"))
+                .unwrap()
+                .nlink(),
+            1
+        );
+        assert!(std::fs::symlink_metadata(fresh.join("l")).is_err());
+    }
+
+    #[test]
+    fn files_replace_image_symlinks_instead_of_writing_through_them() {
+        let (_t, outside, fresh, image) = confinement_world();
+        std::os::unix::fs::symlink(outside.join("canary/keep"), fresh.join("f")).unwrap();
+        std::os::unix::fs::symlink(outside.join("canary"), fresh.join("d")).unwrap();
+        let mut a = Crafted::new(&image);
+        a.file("./f", "container");
+        a.dir("./d/");
+        a.file("./d/keep", "container");
+        a.done();
+        apply(&image, RootfsMethod::OverlayUpper, &fresh).unwrap();
+        assert_outside_intact(&outside);
+        assert_eq!(
+            std::fs::read_to_string(fresh.join("f")).unwrap(),
+            "container"
+        );
+        assert_eq!(
+            std::fs::read_to_string(fresh.join("d/keep")).unwrap(),
+            "container"
+        );
+    }
+
+    #[test]
+    fn plain_rootfs_deletions_never_follow_image_symlinks() {
+        let (_t, outside, fresh, image) = confinement_world();
+        std::fs::create_dir_all(fresh.join("var")).unwrap();
+        std::os::unix::fs::symlink(&outside, fresh.join("var/run")).unwrap();
+        let mut a = Crafted::new(&image);
+        a.file("./new", "x");
+        a.done();
+        // At checkpoint time var/run (the symlink) existed; nothing under it is listed.
+        std::fs::write(image.rootfs_paths(), b"var\0var/run\0new\0").unwrap();
+        apply(&image, RootfsMethod::ChangedSinceStart, &fresh).unwrap();
+        assert_outside_intact(&outside);
+        assert!(std::fs::symlink_metadata(fresh.join("var/run"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+    }
+
+    #[test]
+    fn only_user_and_capability_xattrs_are_restored() {
+        let (_t, _outside, fresh, image) = confinement_world();
+        let mut a = Crafted::new(&image);
+        a.pax(&[
+            ("SCHILY.xattr.user.kept", b"1"),
+            ("SCHILY.xattr.trusted.evil", b"1"),
+            (
+                "SCHILY.xattr.security.selinux",
+                b"system_u:object_r:etc_t:s0",
+            ),
+            ("SCHILY.xattr.trusted.overlay.redirect", b"/etc"),
+        ]);
+        a.file("./x", "data");
+        a.done();
+        apply(&image, RootfsMethod::OverlayUpper, &fresh).unwrap();
+        let x = fresh.join("x");
+        let names = Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys; print(' '.join(sorted(os.listxattr(sys.argv[1]))))",
+            ])
+            .arg(&x)
+            .output()
+            .unwrap();
+        assert!(names.status.success(), "{names:?}");
+        let names = String::from_utf8_lossy(&names.stdout);
+        assert!(names.contains("user.kept"), "{names}");
+        for dropped in ["trusted.evil", "trusted.overlay.redirect"] {
+            assert!(!names.contains(dropped), "{dropped} restored: {names}");
+        }
+        // SELinux labels may exist by policy on some hosts, never the archive's.
+        assert!(!names.contains("security.selinux") || !Path::new("/sys/fs/selinux").exists());
+    }
+
+    #[test]
+    fn gnu_tar_captures_round_trip_sparse_files_hard_links_modes_and_times() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let upper = t.path().join("upper");
+        write(&upper.join("d/small"), "small");
+        // Sparse: 8 MiB with 4 KiB of data in the middle.
+        let sparse = upper.join("d/sparse");
+        let f = std::fs::File::create(&sparse).unwrap();
+        f.set_len(8 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[7u8; 4096], 4 << 20).unwrap();
+        drop(f);
+        std::fs::hard_link(upper.join("d/small"), upper.join("d/hard")).unwrap();
+        std::fs::set_permissions(
+            upper.join("d/small"),
+            std::fs::Permissions::from_mode(0o4755),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/etc/nowhere", upper.join("d/link")).unwrap();
+        let st = Command::new("mkfifo")
+            .arg(upper.join("d/fifo"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let long = "n".repeat(200);
+        write(&upper.join(format!("d/{long}/{long}")), "long");
+        let setx = Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys; os.setxattr(sys.argv[1], 'user.k', b'v')",
+            ])
+            .arg(upper.join("d/small"))
+            .status()
+            .unwrap();
+        assert!(setx.success());
+        let touch = Command::new("touch")
+            .args(["-h", "-d", "2001-02-03 04:05:06.123456789"])
+            .arg(upper.join("d/small"))
+            .arg(upper.join("d/link"))
+            .arg(upper.join("d"))
+            .status()
+            .unwrap();
+        assert!(touch.success());
+        let image = ImageDir::new(t.path().join("image"));
+        let cap = capture(
+            &RootfsKind::Overlay {
+                upper: upper.clone(),
+            },
+            &upper,
+            0,
+            &image,
+        )
+        .unwrap();
+        let fresh = t.path().join("fresh");
+        write(
+            &fresh.join("d/small"),
+            "image version, longer than the new one",
+        );
+        apply(&image, cap.method, &fresh).unwrap();
+        let d = fresh.join("d");
+        assert_eq!(std::fs::read_to_string(d.join("small")).unwrap(), "small");
+        let small = std::fs::metadata(d.join("small")).unwrap();
+        assert_eq!(small.mode() & 0o7777, 0o4755, "setuid mode");
+        assert_eq!(small.nlink(), 2, "hard link");
+        assert_eq!(
+            small.ino(),
+            std::fs::metadata(d.join("hard")).unwrap().ino()
+        );
+        assert_eq!(
+            (small.mtime(), small.mtime_nsec()),
+            (981_173_106, 123_456_789)
+        );
+        let dir = std::fs::metadata(&d).unwrap();
+        assert_eq!((dir.mtime(), dir.mtime_nsec()), (981_173_106, 123_456_789));
+        let link = std::fs::symlink_metadata(d.join("link")).unwrap();
+        assert_eq!(link.mtime(), 981_173_106);
+        assert_eq!(
+            std::fs::read_link(d.join("link")).unwrap(),
+            PathBuf::from("/etc/nowhere")
+        );
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(d.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        let sp = std::fs::read(d.join("sparse")).unwrap();
+        assert_eq!(sp.len(), 8 << 20);
+        assert!(sp[4 << 20..(4 << 20) + 4096].iter().all(|b| *b == 7));
+        assert_eq!(sp.iter().filter(|b| **b != 0).count(), 4096);
+        let blocks = std::fs::metadata(d.join("sparse")).unwrap().blocks();
+        assert!(blocks * 512 < 1 << 20, "not sparse: {blocks} blocks");
+        assert_eq!(
+            std::fs::read_to_string(d.join(format!("{long}/{long}"))).unwrap(),
+            "long"
+        );
+        assert_eq!(xattr_of(&d.join("small"), "user.k").as_deref(), Some("v"));
+    }
+
+    fn xattr_of(p: &Path, name: &str) -> Option<String> {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode())",
+            ])
+            .arg(p)
+            .arg(name)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 }
