@@ -63,8 +63,12 @@ for r in stasis-checkpoint-viewer stasis-checkpoint-requester stasis-restorer; d
 done
 check "RuntimeClass stasis: handler stasis, nodeSelector stasis.dev/ready=true" \
   test "$(kubectl get runtimeclass stasis -o jsonpath='{.handler} {.scheduling.nodeSelector.stasis\.dev/ready}')" = "stasis true"
-check "cluster key Secret: 64 hex digits" bash -c \
+check "cluster key Secret (made by stasis-controller at its start): 64 hex digits" retry 60 bash -c \
   "kubectl -n $SNS get secret stasis-cluster-key -o jsonpath='{.data.cluster\.key}' | base64 -d | grep -Eqx '[0-9a-f]{64}'"
+check "cluster key Secret made by stasis-controller, not by the chart (not in the Helm release)" bash -c \
+  "kubectl -n $SNS get secret stasis-cluster-key -o json | jq -e '.metadata.labels[\"app.kubernetes.io/managed-by\"] == \"stasis-controller\" and (.metadata.annotations[\"meta.helm.sh/release-name\"] == null)'"
+check "helm template renders no key material (GitOps renders cannot replace the cluster key)" bash -c \
+  "set -o pipefail; out=\$(helm get values stasis -n $SNS -o yaml | helm template stasis $REPO/deploy/helm/stasis -n $SNS -f -) && grep -q 'kind: DaemonSet' <<<\"\$out\" && ! grep -Eq 'cluster\.key:|retired\.keys:' <<<\"\$out\""
 
 # ------------------------------------------------------------------ the nodes
 for n in $NODES; do

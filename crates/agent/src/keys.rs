@@ -9,6 +9,11 @@
 //!   a wrapped key copied into another namespace's Secret does not unwrap.
 //! - `cluster_key_id`: 16 hex digits of SHA-256 of the cluster key, kept in an annotation of the
 //!   Secret so a rotated cluster key is reported as such, not as tampering.
+//! - Rotation keeps old checkpoints readable: the cluster key's Secret holds the current key
+//!   (`cluster.key`) and, after a rotation, the keys it replaced (`retired.keys`, one per line).
+//!   New data keys are wrapped with the current key; a data key wrapped with a retired one still
+//!   unwraps (AES-GCM authenticates, so trying each key of the ring is safe). The data keys, and
+//!   with them every checkpoint, do not change.
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
@@ -24,30 +29,123 @@ pub const CLUSTER_KEY_ID_ANNOTATION: &str = "stasis.dev/cluster-key-id";
 /// Label naming the namespace a data key Secret is for.
 pub const NAMESPACE_LABEL: &str = "stasis.dev/namespace";
 
+/// File next to the cluster key holding the keys it replaced, one per line (64 hex digits).
+pub const RETIRED_KEYS_FILE: &str = "retired.keys";
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KeyError {
     #[error("cluster key: expected 32 bytes or 64 hex digits, got {0} bytes")]
     BadClusterKey(usize),
+    #[error("retired cluster key on line {line} of {file}: expected 64 hex digits")]
+    BadRetiredKey { file: String, line: usize },
     #[error("wrapped key of namespace {namespace}: {why}")]
     Unwrap { namespace: String, why: String },
     #[error("no randomness available")]
     Rng,
 }
 
-/// The cluster key.
-pub struct ClusterKey {
+/// One AES-256-GCM cluster key and its id.
+struct RingKey {
     key: LessSafeKey,
     id: String,
 }
 
+/// The cluster key: the current one, which wraps, and the retired ones, which only unwrap.
+pub struct ClusterKey {
+    current: RingKey,
+    retired: Vec<RingKey>,
+}
+
 impl std::fmt::Debug for ClusterKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ClusterKey({})", self.id)
+        let retired: Vec<&str> = self.retired.iter().map(|k| k.id.as_str()).collect();
+        write!(f, "ClusterKey({}, retired {retired:?})", self.current.id)
     }
 }
 
 impl ClusterKey {
+    /// A ring with only `raw` (32 bytes or 64 hex digits) as its current key.
     pub fn from_bytes(raw: &[u8]) -> Result<Self, KeyError> {
+        Ok(ClusterKey {
+            current: RingKey::from_bytes(raw)?,
+            retired: Vec::new(),
+        })
+    }
+
+    /// Reads the cluster key file and, when present, the [`RETIRED_KEYS_FILE`] beside it (the
+    /// chart mounts the whole Secret as one directory).
+    pub fn load(path: &std::path::Path) -> std::io::Result<Result<Self, KeyError>> {
+        let raw = std::fs::read(path)?;
+        let retired_path = path.with_file_name(RETIRED_KEYS_FILE);
+        let retired = match std::fs::read_to_string(&retired_path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        Ok(Self::from_parts(
+            &raw,
+            retired.as_deref(),
+            &retired_path.display().to_string(),
+        ))
+    }
+
+    /// The current key `raw` and the retired keys in `retired` (one per line, 64 hex digits;
+    /// blank lines and `#` comments ignored). `file` names the retired keys in errors.
+    pub fn from_parts(raw: &[u8], retired: Option<&str>, file: &str) -> Result<Self, KeyError> {
+        let mut ring = Self::from_bytes(raw)?;
+        for (i, line) in retired.unwrap_or("").lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bad = || KeyError::BadRetiredKey {
+                file: file.to_owned(),
+                line: i + 1,
+            };
+            if line.len() != 64 {
+                return Err(bad());
+            }
+            let k = RingKey::from_bytes(line.as_bytes()).map_err(|_| bad())?;
+            if k.id != ring.current.id && !ring.retired.iter().any(|r| r.id == k.id) {
+                ring.retired.push(k);
+            }
+        }
+        Ok(ring)
+    }
+
+    /// Id of the current key (what new wraps are made with).
+    pub fn id(&self) -> &str {
+        &self.current.id
+    }
+
+    /// Ids of the retired keys, oldest last as listed.
+    pub fn retired_ids(&self) -> Vec<&str> {
+        self.retired.iter().map(|k| k.id.as_str()).collect()
+    }
+
+    /// Wraps a data key for `namespace` with the current key.
+    pub fn wrap(&self, namespace: &str, data_key: &[u8; 32]) -> Result<Vec<u8>, KeyError> {
+        self.current.wrap(namespace, data_key)
+    }
+
+    /// Unwraps a data key of `namespace` with whichever key of the ring wrapped it.
+    pub fn unwrap(&self, namespace: &str, wrapped: &[u8]) -> Result<[u8; 32], KeyError> {
+        let first = self.current.unwrap(namespace, wrapped);
+        if first.is_ok() || self.retired.is_empty() {
+            return first;
+        }
+        for k in &self.retired {
+            if let Ok(key) = k.unwrap(namespace, wrapped) {
+                tracing::debug!(namespace, retired = %k.id, "data key wrapped with a retired cluster key");
+                return Ok(key);
+            }
+        }
+        first
+    }
+}
+
+impl RingKey {
+    fn from_bytes(raw: &[u8]) -> Result<Self, KeyError> {
         let trimmed = std::str::from_utf8(raw).map(str::trim).ok();
         let bytes: Vec<u8> = match trimmed.filter(|s| s.len() == 64) {
             Some(h) => hex::decode(h).map_err(|_| KeyError::BadClusterKey(raw.len()))?,
@@ -57,7 +155,7 @@ impl ClusterKey {
             return Err(KeyError::BadClusterKey(bytes.len()));
         }
         let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
-        Ok(ClusterKey {
+        Ok(RingKey {
             key: LessSafeKey::new(
                 UnboundKey::new(&AES_256_GCM, &bytes).map_err(|_| KeyError::BadClusterKey(32))?,
             ),
@@ -65,12 +163,7 @@ impl ClusterKey {
         })
     }
 
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// Wraps a data key for `namespace`.
-    pub fn wrap(&self, namespace: &str, data_key: &[u8; 32]) -> Result<Vec<u8>, KeyError> {
+    fn wrap(&self, namespace: &str, data_key: &[u8; 32]) -> Result<Vec<u8>, KeyError> {
         let mut nonce = [0u8; NONCE_LEN];
         SystemRandom::new()
             .fill(&mut nonce)
@@ -90,8 +183,7 @@ impl ClusterKey {
         Ok(out)
     }
 
-    /// Unwraps a data key of `namespace`.
-    pub fn unwrap(&self, namespace: &str, wrapped: &[u8]) -> Result<[u8; 32], KeyError> {
+    fn unwrap(&self, namespace: &str, wrapped: &[u8]) -> Result<[u8; 32], KeyError> {
         let err = |why: &str| KeyError::Unwrap {
             namespace: namespace.into(),
             why: why.into(),
@@ -190,5 +282,65 @@ mod tests {
         );
         assert_ne!(ck(1).id(), ck(2).id());
         assert_eq!(secret_name("default"), "stasis-key-default");
+    }
+
+    #[test]
+    fn a_rotated_ring_unwraps_old_wraps_and_wraps_with_the_new_key() {
+        let old = [1u8; 32];
+        let new = [2u8; 32];
+        let dk = [5u8; 32];
+        let wrapped_old = ClusterKey::from_bytes(&old)
+            .unwrap()
+            .wrap("ns", &dk)
+            .unwrap();
+        let retired = format!("# rotated 2026-12-01\n\n{}\n", hex::encode(old));
+        let ring = ClusterKey::from_parts(&new, Some(&retired), "retired.keys").unwrap();
+        assert_eq!(ring.id(), ClusterKey::from_bytes(&new).unwrap().id());
+        assert_eq!(ring.retired_ids().len(), 1);
+        // Old checkpoints' data keys still unwrap; new wraps are the new key's only.
+        assert_eq!(ring.unwrap("ns", &wrapped_old).unwrap(), dk);
+        let wrapped_new = ring.wrap("ns", &dk).unwrap();
+        assert!(ClusterKey::from_bytes(&old)
+            .unwrap()
+            .unwrap("ns", &wrapped_new)
+            .is_err());
+        // Still bound to the namespace, whichever key wrapped it.
+        assert!(ring.unwrap("other", &wrapped_old).is_err());
+        // Without the retired key the old wrap is refused, naming the cause.
+        let err = ClusterKey::from_bytes(&new)
+            .unwrap()
+            .unwrap("ns", &wrapped_old)
+            .unwrap_err();
+        assert!(err.to_string().contains("another cluster key"), "{err}");
+        // A malformed retired key names its line.
+        assert_eq!(
+            ClusterKey::from_parts(&new, Some("\nnot-a-key\n"), "f").unwrap_err(),
+            KeyError::BadRetiredKey {
+                file: "f".into(),
+                line: 2
+            }
+        );
+    }
+
+    #[test]
+    fn load_reads_the_retired_keys_beside_the_cluster_key() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("cluster.key");
+        std::fs::write(&path, hex::encode([2u8; 32])).unwrap();
+        assert!(ClusterKey::load(&path)
+            .unwrap()
+            .unwrap()
+            .retired_ids()
+            .is_empty());
+        std::fs::write(t.path().join(RETIRED_KEYS_FILE), hex::encode([1u8; 32])).unwrap();
+        assert_eq!(
+            ClusterKey::load(&path)
+                .unwrap()
+                .unwrap()
+                .retired_ids()
+                .len(),
+            1
+        );
+        assert!(ClusterKey::load(&t.path().join("missing")).is_err());
     }
 }

@@ -66,12 +66,13 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
     let keys: Arc<dyn KeySource> = match (&cfg.key_file, &cfg.cluster_key_file, &client) {
         (Some(k), _, _) => Arc::new(StaticKey(Key::load(k)?)),
         (None, Some(ck), Some(client)) => {
-            let raw = std::fs::read(ck).map_err(AgentError::io(ck))?;
+            let ring = ClusterKey::load(ck).map_err(AgentError::io(ck))??;
+            tracing::info!(cluster_key = %ring.id(), retired = ?ring.retired_ids(), "cluster key loaded");
             Arc::new(crate::kube::SecretKeys::new(
                 client.clone(),
                 rt.handle().clone(),
                 cfg.namespace.clone(),
-                Arc::new(ClusterKey::from_bytes(&raw)?),
+                Arc::new(ring),
             ))
         }
         _ => {

@@ -81,6 +81,14 @@ pub struct RunArgs {
     /// Serve the webhook over plain HTTP (tests only: the API server requires HTTPS).
     #[arg(long)]
     pub webhook_insecure_http: bool,
+    /// Secret (in `--namespace`) holding the cluster key that wraps every namespace's data key.
+    /// Checked at start; see `--create-cluster-key`. Unset: not checked (tests).
+    #[arg(long, env = "STASIS_CLUSTER_KEY_SECRET")]
+    pub cluster_key_secret: Option<String>,
+    /// Create the cluster key Secret with a random key when it does not exist (never overwrite
+    /// it). Off when the operator brings their own Secret: then a missing one is an error.
+    #[arg(long, env = "STASIS_CREATE_CLUSTER_KEY")]
+    pub create_cluster_key: bool,
     /// Do not serve the webhook.
     #[arg(long)]
     pub no_webhook: bool,
@@ -193,6 +201,11 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "stasis-controller".to_owned());
     tracing::info!(%namespace, %identity, "starting");
+    if let Some(name) = &a.cluster_key_secret {
+        let outcome =
+            crate::cluster_key::ensure(&client, &namespace, name, a.create_cluster_key).await?;
+        tracing::info!(secret = %name, ?outcome, "cluster key");
+    }
     let metrics = Metrics::default();
     tokio::spawn(server::serve_metrics(
         a.metrics_addr,

@@ -14,6 +14,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod cluster_key;
 pub mod controller;
 pub mod keys;
 pub mod leader;

@@ -64,8 +64,6 @@ app.kubernetes.io/component: {{ .component }}
 - name: STASIS_STORE_URL
   value: {{ . | quote }}
 {{- end }}
-- name: STASIS_CLUSTER_KEY_FILE
-  value: /etc/stasis/keys/cluster.key
 {{- range $k, $v := .Values.store.s3.env }}
 - name: {{ $k }}
   value: {{ $v | quote }}
@@ -86,8 +84,6 @@ app.kubernetes.io/component: {{ .component }}
 - name: cluster-key
   secret:
     secretName: {{ include "stasis.clusterKeySecret" . }}
-    # the store refuses key files readable by group or others
+    # the whole Secret: cluster.key and, after a rotation, retired.keys (docs/security.md)
     defaultMode: 0400
-    items:
-      - {key: cluster.key, path: cluster.key}
 {{- end -}}
