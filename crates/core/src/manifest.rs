@@ -14,6 +14,11 @@ use crate::reference::{CheckpointId, CheckpointRef, WorkloadName};
 /// The manifest schema this build writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// The largest chunk the store cuts (its FastCDC maximum). A manifest naming a longer chunk is
+/// refused: readers size buffers from `ChunkRef::len`, so it must be bounded before anything is
+/// allocated (the store's `chunk::MAX_CHUNK` is this value).
+pub const MAX_CHUNK_LEN: u32 = 4 << 20;
+
 /// What was checkpointed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -144,6 +149,20 @@ pub enum ManifestError {
     },
     #[error("manifest chunk id {0:?} is not 64 lower-case hex digits")]
     BadChunkId(String),
+    #[error(
+        "manifest file {path:?}: chunk {chunk} is {len} bytes long, outside 1..={MAX_CHUNK_LEN}"
+    )]
+    ChunkLength {
+        path: String,
+        chunk: String,
+        len: u32,
+    },
+    #[error("manifest totals do not match its files: {field} is {recorded}, the files add up to {actual}")]
+    TotalsMismatch {
+        field: &'static str,
+        recorded: u64,
+        actual: u64,
+    },
 }
 
 impl Manifest {
@@ -153,17 +172,37 @@ impl Manifest {
     }
 
     /// Checks what a reader must be able to trust before acting on a manifest: a known schema,
-    /// paths that cannot escape the restore directory, chunk lists that add up.
+    /// paths that cannot escape the restore directory, chunk lengths within the chunker's
+    /// bounds, chunk lists that add up to the file sizes, and totals (`stats`) that match the
+    /// files. After this, every number a reader sizes memory or files from is bounded by the
+    /// manifest's own (bounded) length: a key holder cannot make a reader allocate more than
+    /// the chunks and files it really lists.
     pub fn validate(&self) -> Result<(), ManifestError> {
         if self.schema_version != SCHEMA_VERSION {
             return Err(ManifestError::UnsupportedSchema {
                 found: self.schema_version,
             });
         }
+        let (mut chunks, mut bytes) = (0u64, 0u64);
         for f in &self.files {
             if !is_safe_relative_path(&f.path) {
                 return Err(ManifestError::UnsafePath(f.path.clone()));
             }
+            if let Some(c) = f.chunks.iter().find(|c| !is_chunk_id(&c.id)) {
+                return Err(ManifestError::BadChunkId(c.id.clone()));
+            }
+            if let Some(c) = f
+                .chunks
+                .iter()
+                .find(|c| c.len == 0 || c.len > MAX_CHUNK_LEN)
+            {
+                return Err(ManifestError::ChunkLength {
+                    path: f.path.clone(),
+                    chunk: c.id.clone(),
+                    len: c.len,
+                });
+            }
+            // No overflow: at most 2^32 chunks of at most 2^22 bytes each.
             let sum: u64 = f.chunks.iter().map(|c| u64::from(c.len)).sum();
             if sum != f.size {
                 return Err(ManifestError::SizeMismatch {
@@ -172,11 +211,41 @@ impl Manifest {
                     chunks: sum,
                 });
             }
-            if let Some(c) = f.chunks.iter().find(|c| !is_chunk_id(&c.id)) {
-                return Err(ManifestError::BadChunkId(c.id.clone()));
+            chunks += f.chunks.len() as u64;
+            bytes = bytes.saturating_add(sum);
+        }
+        let s = &self.stats;
+        for (field, recorded, actual) in [
+            ("stats.chunks", s.chunks, chunks),
+            ("stats.logical_bytes", s.logical_bytes, bytes),
+        ] {
+            if recorded != actual {
+                return Err(ManifestError::TotalsMismatch {
+                    field,
+                    recorded,
+                    actual,
+                });
+            }
+        }
+        for (field, recorded, actual) in [
+            ("stats.new_chunks", s.new_chunks, chunks),
+            ("stats.new_bytes", s.new_bytes, bytes),
+        ] {
+            if recorded > actual {
+                return Err(ManifestError::TotalsMismatch {
+                    field,
+                    recorded,
+                    actual,
+                });
             }
         }
         Ok(())
+    }
+
+    /// Number of chunk references (with repeats), counted from the files, never from the
+    /// recorded `stats` (which only [`Manifest::validate`] ties to the files).
+    pub fn chunk_count(&self) -> usize {
+        self.files.iter().map(|f| f.chunks.len()).sum()
     }
 
     /// Every chunk id the checkpoint needs (with repeats).
@@ -223,7 +292,11 @@ mod tests {
             processes: vec![],
             rootfs: None,
             timings: Timings::default(),
-            stats: StoreStats::default(),
+            stats: StoreStats {
+                logical_bytes: 5,
+                chunks: 2,
+                ..StoreStats::default()
+            },
             files: vec![FileEntry {
                 path: "criu/pages-1.img".into(),
                 mode: 0o600,
@@ -283,5 +356,56 @@ mod tests {
         let mut m = sample();
         m.files[0].chunks[0].id = "../x".into();
         assert!(matches!(m.validate(), Err(ManifestError::BadChunkId(_))));
+    }
+
+    /// A key holder's inflated numbers are refused before a reader sizes anything from them.
+    #[test]
+    fn inflated_numbers_are_refused() {
+        for len in [0, MAX_CHUNK_LEN + 1, u32::MAX] {
+            let mut m = sample();
+            m.files[0].chunks[0].len = len;
+            m.files[0].size = u64::from(len) + 3;
+            m.stats.logical_bytes = m.files[0].size;
+            assert!(
+                matches!(m.validate(), Err(ManifestError::ChunkLength { len: l, .. }) if l == len),
+                "{len}: {:?}",
+                m.validate()
+            );
+        }
+        let mut m = sample();
+        m.files[0].chunks[0].len = MAX_CHUNK_LEN;
+        m.files[0].size = u64::from(MAX_CHUNK_LEN) + 3;
+        m.stats.logical_bytes = m.files[0].size;
+        m.validate().unwrap();
+
+        let mut m = sample();
+        m.stats.chunks = u64::MAX;
+        assert_eq!(
+            m.validate(),
+            Err(ManifestError::TotalsMismatch {
+                field: "stats.chunks",
+                recorded: u64::MAX,
+                actual: 2
+            })
+        );
+        let mut m = sample();
+        m.stats.logical_bytes = 1 << 40;
+        assert!(matches!(
+            m.validate(),
+            Err(ManifestError::TotalsMismatch {
+                field: "stats.logical_bytes",
+                ..
+            })
+        ));
+        let mut m = sample();
+        m.stats.new_chunks = 3;
+        assert!(matches!(
+            m.validate(),
+            Err(ManifestError::TotalsMismatch {
+                field: "stats.new_chunks",
+                ..
+            })
+        ));
+        assert_eq!(sample().chunk_count(), 2);
     }
 }

@@ -43,11 +43,31 @@ pub const MIN_CHUNK: usize = 512 << 10;
 /// Files are chunked in independent segments of this size (see the module docs).
 pub const SEGMENT: u64 = 64 << 20;
 pub const AVG_CHUNK: usize = 1 << 20;
-pub const MAX_CHUNK: usize = 4 << 20;
+pub const MAX_CHUNK: usize = stasis_core::manifest::MAX_CHUNK_LEN as usize;
 
 /// Bytes before the ciphertext.
 pub(crate) const HEADER_LEN: usize = 15;
 pub(crate) const TAG_LEN: usize = 16;
+/// The largest chunk object: a raw (uncompressed) chunk of [`MAX_CHUNK`] bytes. A reader
+/// refuses a larger object before reading it, and in fact bounds each object by its own
+/// chunk's length ([`max_object_len`]).
+pub const MAX_CHUNK_OBJECT: u64 = (HEADER_LEN + MAX_CHUNK + TAG_LEN) as u64;
+
+/// The largest object a chunk of `plain_len` bytes is stored as (stored raw).
+pub(crate) fn max_object_len(plain_len: usize) -> u64 {
+    (HEADER_LEN + plain_len + TAG_LEN) as u64
+}
+
+/// Whether an object of `obj_len` bytes can be the chunk of `plain_len` bytes that [`encode`]
+/// writes: exactly the raw size, or (compressed) a non-empty ciphertext at least 1/32 smaller
+/// than the plaintext. Deduplication checks this before relying on an existing object (a
+/// cheap check: same-size garbage passes it and is caught when a restore authenticates it).
+pub(crate) fn plausible_object_len(plain_len: usize, obj_len: u64) -> bool {
+    let overhead = (HEADER_LEN + TAG_LEN) as u64;
+    let plain = plain_len as u64;
+    obj_len == overhead + plain
+        || (plain_len > 64 && obj_len > overhead && obj_len <= overhead + plain - plain / 32)
+}
 const MAGIC: u8 = b'S';
 const VERSION: u8 = 1;
 const FLAG_RAW: u8 = 0;
@@ -419,6 +439,19 @@ pub(crate) fn decode<'a>(
     obj: &'a mut [u8],
 ) -> Result<Plain<'a>, String> {
     let id = blake3::Hash::from_hex(id_hex).map_err(|_| "chunk id is not hex".to_string())?;
+    if expected_len == 0 || expected_len > MAX_CHUNK {
+        // Validated manifests never get here; the decompression buffer is sized from it.
+        return Err(format!(
+            "the manifest gives the chunk {expected_len} bytes, outside 1..={MAX_CHUNK}"
+        ));
+    }
+    if obj.len() as u64 > max_object_len(expected_len) {
+        return Err(format!(
+            "object is {} bytes, more than the {} bytes a chunk of {expected_len} bytes is stored as",
+            obj.len(),
+            max_object_len(expected_len)
+        ));
+    }
     if obj.len() < HEADER_LEN + TAG_LEN {
         return Err(format!(
             "object is {} bytes, shorter than a chunk header",
@@ -579,6 +612,22 @@ mod tests {
         ] {
             let id = key.chunk_hash(&data);
             let obj = encode(&key, &id, buf_of(&data), true).data().to_vec();
+            assert!(plausible_object_len(data.len(), obj.len() as u64));
+            let raw = (HEADER_LEN + data.len() + TAG_LEN) as u64;
+            assert!(!plausible_object_len(data.len(), raw + 1));
+            assert!(!plausible_object_len(data.len(), raw - 1));
+            assert!(!plausible_object_len(
+                data.len(),
+                (HEADER_LEN + TAG_LEN) as u64
+            ));
+            let mut grown = obj.clone();
+            grown.resize(HEADER_LEN + data.len() + TAG_LEN + 1, 0);
+            assert!(decode(&key, &id.to_hex(), data.len(), &mut grown)
+                .unwrap_err()
+                .contains("more than"));
+            assert!(decode(&key, &id.to_hex(), MAX_CHUNK + 1, &mut obj.clone())
+                .unwrap_err()
+                .contains("outside"));
             let mut o = obj.clone();
             let back = decode(&key, &id.to_hex(), data.len(), &mut o).unwrap();
             assert_eq!(back.as_slice(), &data[..]);

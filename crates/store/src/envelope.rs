@@ -20,6 +20,11 @@ use crate::key::Key;
 
 pub(crate) const FORMAT: &str = "stasis-manifest-envelope/1";
 
+/// The largest manifest object a reader accepts (and a writer publishes). A chunk reference
+/// takes about 90 bytes, so this holds about 370 000 chunks, a checkpoint of about 450 GiB;
+/// parsed, such a manifest costs a reader about as much memory again as its bytes.
+pub const MAX_MANIFEST_OBJECT: u64 = 32 << 20;
+
 #[derive(Serialize)]
 struct EnvelopeOut<'a> {
     format: &'static str,
@@ -52,6 +57,16 @@ pub(crate) fn seal(key: &Key, manifest: &Manifest) -> Result<Vec<u8>> {
     })
     .map_err(|e| StoreError::Internal(format!("cannot serialise manifest envelope: {e}")))?;
     out.push(b'\n');
+    if out.len() as u64 > MAX_MANIFEST_OBJECT {
+        return Err(StoreError::Unsupported {
+            path: format!("{}/{}", manifest.workload, manifest.id).into(),
+            reason: format!(
+                "its manifest ({} chunks) would be {} bytes, more than the {MAX_MANIFEST_OBJECT} bytes readers accept; store fewer or smaller files per checkpoint",
+                manifest.chunk_count(),
+                out.len()
+            ),
+        });
+    }
     Ok(out)
 }
 

@@ -49,9 +49,19 @@ pub enum StoreError {
         reason: String,
     },
 
-    /// No such checkpoint (or no checkpoint at all for `<workload>/latest`).
+    /// No checkpoint at all for `<workload>/latest`.
     #[error("checkpoint {reference} not found in the store")]
     NotFound { reference: String },
+
+    /// The manifest of an exact checkpoint id is not in the store. For a checkpoint that was
+    /// published (a caller that recorded it knows), this means someone deleted it: a caller
+    /// must not quietly fall back to an older checkpoint (older memory) because of it.
+    #[error("checkpoint {reference} not found in the store (no manifest object {path})")]
+    ManifestMissing { reference: String, path: String },
+
+    /// An object is larger than its format allows: refused before its body is read.
+    #[error("object {path} is {size} bytes, more than the {limit} bytes its format allows; refusing to read it (was it replaced in the store?)")]
+    ObjectTooLarge { path: String, size: u64, limit: u64 },
 
     /// The backend ran out of space (ENOSPC / EDQUOT) while writing an object.
     #[error("store is out of space while writing {path}: {source}")]
@@ -114,6 +124,21 @@ impl StoreError {
             path: path.into(),
             source,
         }
+    }
+
+    /// True when the store's content is not what stasis wrote: a missing manifest of an exact
+    /// checkpoint, a manifest that fails its MAC, a missing, corrupt or oversized chunk. Callers
+    /// treat these as an alarm (an Event, a metric), not as a reason to fall back to an older
+    /// checkpoint: a writer to the bucket without the keys can cause each of them.
+    pub fn is_integrity_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::ManifestMissing { .. }
+                | StoreError::ManifestTampered { .. }
+                | StoreError::ChunkMissing { .. }
+                | StoreError::ChunkCorrupt { .. }
+                | StoreError::ObjectTooLarge { .. }
+        )
     }
 
     /// True when the error means the store (or the local disk) is full.

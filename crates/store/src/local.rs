@@ -94,27 +94,44 @@ impl DirectIo {
         f.write_all_at(&obj.data()[..len], 0)
     }
 
-    /// Reads a whole object; `Ok(None)` when it does not exist.
-    pub(crate) fn get(&self, rel: &str) -> io::Result<Option<ChunkBuf>> {
+    /// Reads a whole object of at most `limit` bytes. The size is taken from the open file's
+    /// metadata before anything is read, and the read stops at that size, so a larger (or
+    /// growing) file costs no memory.
+    pub(crate) fn get(&self, rel: &str, limit: u64) -> io::Result<Fetched> {
         let p = self.path(rel);
         if self.direct() {
             match open_read(&p, true) {
-                Ok(f) => match read_direct(&f) {
-                    Ok(b) => return Ok(Some(b)),
+                Ok(f) => match read_direct(&f, limit) {
+                    Ok(b) => return Ok(b),
                     Err(e) if is_unsupported(&e) => self.disable(&e),
                     Err(e) => return Err(e),
                 },
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Fetched::Missing),
                 Err(e) if is_unsupported(&e) => self.disable(&e),
                 Err(e) => return Err(e),
             }
         }
-        match std::fs::read(&p) {
-            Ok(v) => Ok(Some(ChunkBuf::from_vec(v))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+        let f = match open_read(&p, false) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Fetched::Missing),
+            Err(e) => return Err(e),
+        };
+        let len = f.metadata()?.len();
+        if len > limit {
+            return Ok(Fetched::TooLarge(len));
         }
+        let mut v = Vec::with_capacity(len as usize);
+        io::Read::read_to_end(&mut io::Read::take(&f, len), &mut v)?;
+        Ok(Fetched::Data(ChunkBuf::from_vec(v)))
     }
+}
+
+/// What reading an object found.
+pub(crate) enum Fetched {
+    Missing,
+    /// Larger than the limit: its size; nothing was read.
+    TooLarge(u64),
+    Data(ChunkBuf),
 }
 
 fn open_new(dir: &Path, p: &Path, direct: bool) -> io::Result<File> {
@@ -144,8 +161,12 @@ fn open_read(p: &Path, direct: bool) -> io::Result<File> {
     o.open(p)
 }
 
-fn read_direct(f: &File) -> io::Result<ChunkBuf> {
-    let len = f.metadata()?.len() as usize;
+fn read_direct(f: &File, limit: u64) -> io::Result<Fetched> {
+    let len = f.metadata()?.len();
+    if len > limit {
+        return Ok(Fetched::TooLarge(len));
+    }
+    let len = len as usize;
     let padded = round_up(len, ALIGN).max(ALIGN);
     let mut buf = ChunkBuf::with_room(padded);
     if !buf.is_aligned() {
@@ -164,5 +185,5 @@ fn read_direct(f: &File) -> io::Result<ChunkBuf> {
         }
     }
     buf.truncate(done.min(len));
-    Ok(buf)
+    Ok(Fetched::Data(buf))
 }

@@ -17,10 +17,10 @@ use stasis_core::{
 use tokio::sync::Semaphore;
 
 use crate::chunk::{self, ChunkBuf, Chunker, HEADER_LEN};
-use crate::envelope;
+use crate::envelope::{self, MAX_MANIFEST_OBJECT};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
-use crate::local::DirectIo;
+use crate::local::{DirectIo, Fetched};
 use crate::progress::Progress;
 
 /// Tuning and safety knobs. The defaults suit a node agent and the CLI.
@@ -126,6 +126,9 @@ impl std::fmt::Debug for Store {
 }
 
 const GC_LOCK: &str = "locks/gc.json";
+/// The largest lease or lock object read (they are about 200 bytes); a larger one is treated as
+/// no lease, without being read.
+pub const MAX_LEASE_OBJECT: u64 = 64 << 10;
 
 fn chunk_rel(key_id: &str, id: &str) -> String {
     format!("chunks/{key_id}/{}/{id}", &id[..2])
@@ -399,7 +402,10 @@ impl Store {
                 let p = manifest_path(&reference.workload, id);
                 match self.os.head(&p).await {
                     Ok(_) => Ok(id.clone()),
-                    Err(object_store::Error::NotFound { .. }) => Err(not_found()),
+                    Err(object_store::Error::NotFound { .. }) => Err(StoreError::ManifestMissing {
+                        reference: reference.to_string(),
+                        path: self.shown(&p),
+                    }),
                     Err(e) => Err(self.be(&p, e)),
                 }
             }
@@ -430,7 +436,8 @@ impl Store {
                     e @ (StoreError::WrongKey { .. }
                     | StoreError::ManifestTampered { .. }
                     | StoreError::ManifestInvalid { .. }
-                    | StoreError::NotFound { .. }),
+                    | StoreError::ObjectTooLarge { .. }
+                    | StoreError::ManifestMissing { .. }),
                 ) => {
                     tracing::warn!(checkpoint = %s.reference(), error = %e, "skipping checkpoint");
                     skipped.push((s.id, e));
@@ -454,26 +461,49 @@ impl Store {
     ) -> Result<Manifest> {
         let p = manifest_path(w, id);
         let bytes = self
-            .get_bytes(&p)
+            .get_bounded(&p, MAX_MANIFEST_OBJECT)
             .await?
-            .ok_or_else(|| StoreError::NotFound {
+            .ok_or_else(|| StoreError::ManifestMissing {
                 reference: format!("{w}/{id}"),
+                path: self.shown(&p),
             })?;
-        envelope::open(
-            key,
-            &format!("{}/{p}", self.url.trim_end_matches('/')),
-            w,
-            id,
-            &bytes,
-        )
+        envelope::open(key, &self.shown(&p), w, id, &bytes)
     }
 
-    async fn get_bytes(&self, p: &ObjPath) -> Result<Option<Bytes>> {
-        match self.os.get(p).await {
-            Ok(r) => r.bytes().await.map(Some).map_err(|e| self.be(p, e)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.be(p, e)),
+    /// The object's full name, for messages.
+    fn shown(&self, p: &ObjPath) -> String {
+        format!("{}/{p}", self.url.trim_end_matches('/'))
+    }
+
+    /// Reads a whole object of at most `limit` bytes; `Ok(None)` when it does not exist. A
+    /// larger object is refused from the size the backend announces (the GET's content length,
+    /// a file's size) before its body is read, and the body is read as a stream that stops at
+    /// the limit, so an object that is larger than announced costs no more memory either.
+    async fn get_bounded(&self, p: &ObjPath, limit: u64) -> Result<Option<Bytes>> {
+        let r = match self.os.get(p).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.be(p, e)),
+        };
+        let too_large = |size| StoreError::ObjectTooLarge {
+            path: self.shown(p),
+            size,
+            limit,
+        };
+        if r.meta.size > limit {
+            return Err(too_large(r.meta.size));
         }
+        let mut out = bytes::BytesMut::with_capacity(r.meta.size as usize);
+        let mut body = r.into_stream();
+        while let Some(part) = body.next().await {
+            let part = part.map_err(|e| self.be(p, e))?;
+            let n = (out.len() + part.len()) as u64;
+            if n > limit {
+                return Err(too_large(n));
+            }
+            out.extend_from_slice(&part);
+        }
+        Ok(Some(out.freeze()))
     }
 
     /// Deletes a checkpoint's manifest (its chunks go at the next [`Store::gc`]). Returns the
@@ -538,11 +568,17 @@ impl Store {
         }
     }
 
+    /// A lease or lock document; `None` when absent, oversized or unreadable (a dead writer's
+    /// leftover, or not stasis's).
     async fn read_doc(&self, p: &ObjPath) -> Result<Option<LeaseDoc>> {
-        Ok(self
-            .get_bytes(p)
-            .await?
-            .and_then(|b| serde_json::from_slice(&b).ok()))
+        match self.get_bounded(p, MAX_LEASE_OBJECT).await {
+            Ok(b) => Ok(b.and_then(|b| serde_json::from_slice(&b).ok())),
+            Err(e @ StoreError::ObjectTooLarge { .. }) => {
+                tracing::warn!(error = %e, "ignoring an oversized lease");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Waits (bounded by `gc_wait`) while a live GC lock exists. Returns whether existing chunks
@@ -605,33 +641,11 @@ impl Store {
         doc: &mut LeaseDoc,
     ) -> Result<Manifest> {
         let started = std::time::Instant::now();
+        // Whether existing chunk objects may be relied on (no GC is sweeping). Each one is
+        // still checked (it exists, with a size its chunk can have) before the manifest names
+        // it: a writer to the bucket may have deleted or replaced it, and a checkpoint that
+        // deduplicated against it would be unrestorable.
         let trust = self.wait_for_gc().await?;
-        let mut known: HashSet<[u8; 32]> = HashSet::new();
-        if trust {
-            match self
-                .read_manifest(
-                    key,
-                    &CheckpointRef {
-                        workload: m.workload.clone(),
-                        selector: Selector::Latest,
-                    },
-                )
-                .await
-            {
-                Ok(prev) => {
-                    for id in prev.chunk_ids() {
-                        if let Ok(h) = blake3::Hash::from_hex(id) {
-                            known.insert(*h.as_bytes());
-                        }
-                    }
-                }
-                Err(StoreError::NotFound { .. }) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "not deduplicating against the previous checkpoint")
-                }
-            }
-        }
-        let known = Arc::new(known);
         let claimed: Arc<Mutex<HashSet<[u8; 32]>>> = Arc::default();
 
         let total: u64 = files.iter().map(|f| f.size).sum();
@@ -672,11 +686,9 @@ impl Store {
 
         let pieces =
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
-        let compress = self.opts.compress;
         let mut results = std::pin::pin!(pieces
             .map(|piece| {
                 let key = key.clone();
-                let known = known.clone();
                 let claimed = claimed.clone();
                 let cpu = self.cpu.clone();
                 async move {
@@ -686,51 +698,24 @@ impl Store {
                         .acquire_owned()
                         .await
                         .map_err(|e| StoreError::Internal(e.to_string()))?;
-                    let key_id = key.id().to_owned();
-                    let (id, obj) = blocking(move || {
+                    let hkey = key.clone();
+                    let (id, first) = blocking(move || {
                         let _permit = permit;
-                        let id = key.chunk_hash(&buf.data()[HEADER_LEN..]);
-                        let b = *id.as_bytes();
-                        if known.contains(&b)
-                            || !claimed.lock().map(|mut c| c.insert(b)).unwrap_or(true)
-                        {
-                            return (id, None);
-                        }
-                        let obj = chunk::encode(&key, &id, buf, compress);
-                        (id, Some(obj))
+                        let id = hkey.chunk_hash(&buf.data()[HEADER_LEN..]);
+                        // Another piece of this put with the same content stores it.
+                        let first = claimed
+                            .lock()
+                            .map(|mut c| c.insert(*id.as_bytes()))
+                            .unwrap_or(true);
+                        (id, first.then_some(buf))
                     })
                     .await?;
                     let id_hex = id.to_hex().to_string();
                     let mut written = None;
-                    if let Some(mut obj) = obj {
-                        let rel = chunk_rel(&key_id, &id_hex);
-                        let p = ObjPath::from(rel.as_str());
-                        let n = obj.len() as u64;
-                        match &self.direct {
-                            Some(d) => {
-                                let d = d.clone();
-                                let wrote = blocking(move || -> std::io::Result<bool> {
-                                    if trust && std::fs::metadata(d.path(&rel)).is_ok() {
-                                        return Ok(false);
-                                    }
-                                    d.put(&rel, &mut obj).map(|()| true)
-                                })
-                                .await?
-                                .map_err(|e| self.be(&p, io_backend(e)))?;
-                                if wrote {
-                                    written = Some(n);
-                                }
-                            }
-                            None => {
-                                let present = trust && self.os.head(&p).await.is_ok();
-                                if !present {
-                                    self.os
-                                        .put(&p, PutPayload::from(obj.into_bytes()))
-                                        .await
-                                        .map_err(|e| self.be(&p, e))?;
-                                    written = Some(n);
-                                }
-                            }
+                    if let Some(buf) = first {
+                        let rel = chunk_rel(key.id(), &id_hex);
+                        if !(trust && self.chunk_present(&rel, len).await) {
+                            written = Some(self.encode_and_store(&key, id, buf, rel).await?);
                         }
                     }
                     Ok::<_, StoreError>(PieceDone {
@@ -809,6 +794,74 @@ impl Store {
         Ok(m)
     }
 
+    /// Whether the chunk object `rel` exists with a size a chunk of `len` bytes can be stored
+    /// as (a `HEAD`, or the file's metadata). Anything else (missing, another size, an error
+    /// asking) means: store it again.
+    async fn chunk_present(&self, rel: &str, len: usize) -> bool {
+        let size = match &self.direct {
+            Some(d) => {
+                let p = d.path(rel);
+                blocking(move || {
+                    std::fs::metadata(p)
+                        .ok()
+                        .filter(|m| m.is_file())
+                        .map(|m| m.len())
+                })
+                .await
+                .ok()
+                .flatten()
+            }
+            None => self.os.head(&ObjPath::from(rel)).await.ok().map(|m| m.size),
+        };
+        match size {
+            Some(n) if chunk::plausible_object_len(len, n) => true,
+            Some(n) => {
+                tracing::warn!(object = %rel, size = n, chunk_len = len, "existing chunk object has a size its chunk cannot have; storing it again");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Compresses, encrypts and writes one chunk; returns the bytes written.
+    async fn encode_and_store(
+        &self,
+        key: &Key,
+        id: blake3::Hash,
+        buf: ChunkBuf,
+        rel: String,
+    ) -> Result<u64> {
+        let permit = self
+            .cpu
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let (key, compress) = (key.clone(), self.opts.compress);
+        let mut obj = blocking(move || {
+            let _permit = permit;
+            chunk::encode(&key, &id, buf, compress)
+        })
+        .await?;
+        let p = ObjPath::from(rel.as_str());
+        let n = obj.len() as u64;
+        match &self.direct {
+            Some(d) => {
+                let d = d.clone();
+                blocking(move || d.put(&rel, &mut obj))
+                    .await?
+                    .map_err(|e| self.be(&p, io_backend(e)))?;
+            }
+            None => {
+                self.os
+                    .put(&p, PutPayload::from(obj.into_bytes()))
+                    .await
+                    .map_err(|e| self.be(&p, e))?;
+            }
+        }
+        Ok(n)
+    }
+
     // ---------------------------------------------------------------- get
 
     /// Restores a checkpoint's files into `dest_dir` (created if missing) and returns its
@@ -860,7 +913,7 @@ impl Store {
             blocking(move || create_files(&dest, &layout)).await??;
         progress.start("download", m.logical_bytes());
 
-        let mut work = Vec::with_capacity(m.stats.chunks as usize);
+        let mut work = Vec::with_capacity(m.chunk_count());
         for (fi, f) in m.files.iter().enumerate() {
             let mut off = 0u64;
             for c in &f.chunks {
@@ -887,20 +940,30 @@ impl Store {
                             file: file_name.clone(),
                             path: shown.clone(),
                         };
+                        // No object of this chunk is larger than its raw form (`c.len` is
+                        // bounded by the manifest's validation).
+                        let limit = chunk::max_object_len(c.len as usize);
                         let data = match &self.direct {
                             Some(d) => {
                                 let d = d.clone();
-                                blocking(move || d.get(&rel))
+                                match blocking(move || d.get(&rel, limit))
                                     .await?
                                     .map_err(|e| self.be(&p, io_backend(e)))?
-                                    .ok_or_else(missing)?
+                                {
+                                    Fetched::Data(b) => b,
+                                    Fetched::Missing => return Err(missing()),
+                                    Fetched::TooLarge(size) => {
+                                        return Err(StoreError::ObjectTooLarge {
+                                            path: shown,
+                                            size,
+                                            limit,
+                                        })
+                                    }
+                                }
                             }
-                            None => match self.os.get(&p).await {
-                                Ok(r) => ChunkBuf::from_vec(Vec::from(
-                                    r.bytes().await.map_err(|e| self.be(&p, e))?,
-                                )),
-                                Err(object_store::Error::NotFound { .. }) => return Err(missing()),
-                                Err(e) => return Err(self.be(&p, e)),
+                            None => match self.get_bounded(&p, limit).await? {
+                                Some(b) => ChunkBuf::from_vec(Vec::from(b)),
+                                None => return Err(missing()),
                             },
                         };
                         let permit = cpu
@@ -1047,8 +1110,17 @@ impl Store {
         let mut referenced: HashSet<String> = HashSet::new();
         for s in &kept {
             let p = manifest_path(&s.workload, &s.id);
-            let Some(bytes) = self.get_bytes(&p).await? else {
-                continue;
+            let bytes = match self.get_bounded(&p, MAX_MANIFEST_OBJECT).await {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e @ StoreError::ObjectTooLarge { .. }) => {
+                    report.sweep_skipped = Some(format!(
+                        "kept checkpoint {} cannot be verified ({e}); not sweeping chunks",
+                        s.reference()
+                    ));
+                    return Ok(report);
+                }
+                Err(e) => return Err(e),
             };
             if envelope::peek_key_id(&bytes).as_deref() != Some(key.id()) {
                 // Another key's checkpoint: its chunks live under another key id, untouched here.

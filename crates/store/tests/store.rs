@@ -383,7 +383,8 @@ async fn missing_and_corrupt_chunks_are_named() {
     }
     assert!(err.to_string().contains(&victim));
 
-    // a chunk swapped for another valid chunk is refused (ids are bound to contents)
+    // a chunk swapped for another valid chunk is refused (ids are bound to contents; a larger
+    // one is refused by its size already)
     let other = chunk_object(&e.root, &e.key, &f.chunks[0].id);
     std::fs::copy(&other, &obj).unwrap();
     let err = e
@@ -396,7 +397,13 @@ async fn missing_and_corrupt_chunks_are_named() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::ChunkCorrupt { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::ChunkCorrupt { .. } | StoreError::ObjectTooLarge { .. }
+        ),
+        "{err}"
+    );
 
     // missing
     std::fs::remove_file(&obj).unwrap();
@@ -508,7 +515,7 @@ async fn latest_resolves_to_the_newest() {
         e.store
             .get_checkpoint(&e.key, &gone, &e._tmp.path().join("o"), &NoProgress)
             .await,
-        Err(StoreError::NotFound { .. })
+        Err(StoreError::ManifestMissing { .. })
     ));
 }
 
@@ -806,4 +813,169 @@ fn store_futures_are_send() {
     assert_send(&list);
     let latest = store.read_latest_valid(&key, &r.workload);
     assert_send(&latest);
+}
+
+/// Both local code paths: direct I/O (chunks) and `object_store`'s (what S3 uses).
+fn stores(root: &Path) -> Vec<(&'static str, Store)> {
+    [("direct", true), ("object_store", false)]
+        .into_iter()
+        .map(|(name, direct_io)| {
+            let opts = stasis_store::StoreOptions {
+                direct_io,
+                ..Default::default()
+            };
+            (
+                name,
+                Store::open_with(root.to_str().unwrap(), opts).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A bucket writer replaces a referenced chunk with a 1 GiB object and a manifest with a
+/// 40 MiB one: both are refused from their size, before they are read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_objects_are_refused_before_they_are_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let key = Key::random();
+    for (name, store) in stores(&root) {
+        let files = vec![("p.img", pseudo_random(3 << 20, 9), 0o600)];
+        let img = image(tmp.path(), &format!("img-{name}"), &files);
+        let m = store
+            .put_checkpoint(&key, draft("w"), &img, &NoProgress)
+            .await
+            .unwrap();
+        let c = &m.files[0].chunks[0];
+        let obj = chunk_object(&root, &key, &c.id);
+        let f = std::fs::OpenOptions::new().write(true).open(&obj).unwrap();
+        f.set_len(1 << 30).unwrap(); // sparse: costs no disk
+        let err = store
+            .get_checkpoint(
+                &key,
+                &m.reference(),
+                &tmp.path().join(format!("o-{name}")),
+                &NoProgress,
+            )
+            .await
+            .unwrap_err();
+        let limit = (15 + c.len + 16) as u64;
+        match &err {
+            StoreError::ObjectTooLarge {
+                path,
+                size,
+                limit: l,
+            } => {
+                assert!(path.ends_with(&c.id), "{name}: {err}");
+                assert_eq!((*size, *l), (1 << 30, limit), "{name}: {err}");
+            }
+            other => panic!("{name}: expected ObjectTooLarge, got {other}"),
+        }
+        assert!(err.is_integrity_failure());
+        assert!(err.to_string().contains("1073741824"), "{err}");
+
+        let manifest = root.join("manifests/w").join(format!("{}.json", m.id));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&manifest)
+            .unwrap();
+        f.set_len(40 << 20).unwrap();
+        let err = store.read_manifest(&key, &m.reference()).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::ObjectTooLarge { size, limit, .. } if size == 40 << 20 && limit == stasis_store::envelope::MAX_MANIFEST_OBJECT),
+            "{name}: {err}"
+        );
+        // GC does not sweep on a manifest it cannot read
+        let rep = store.gc(&key, 5, Duration::ZERO).await.unwrap();
+        assert!(rep.sweep_skipped.is_some(), "{rep:?}");
+        std::fs::remove_file(&manifest).unwrap();
+    }
+}
+
+/// A deleted, truncated or grown chunk is not relied on by a later checkpoint of the same
+/// data: it is stored again, and that checkpoint restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deduplication_stores_damaged_chunks_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let key = Key::random();
+    for (name, store) in stores(&root) {
+        let files = vec![(
+            "p.img",
+            pseudo_random(6 << 20, 10 + name.len() as u64),
+            0o600,
+        )];
+        let img = image(tmp.path(), &format!("img-{name}"), &files);
+        let m1 = store
+            .put_checkpoint(&key, draft("w"), &img, &NoProgress)
+            .await
+            .unwrap();
+        let chunks = &m1.files[0].chunks;
+        assert!(chunks.len() >= 3, "{name}: {} chunks", chunks.len());
+        let objs: Vec<PathBuf> = chunks[..3]
+            .iter()
+            .map(|c| chunk_object(&root, &key, &c.id))
+            .collect();
+        std::fs::remove_file(&objs[0]).unwrap();
+        // (a size check cannot tell same-size garbage, nor a truncation to a size a compressed
+        // chunk could have: restores catch those as corrupt)
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&objs[1])
+            .unwrap();
+        f.set_len(20).unwrap();
+        let mut grown = std::fs::read(&objs[2]).unwrap();
+        grown.extend_from_slice(b"extra");
+        std::fs::write(&objs[2], grown).unwrap();
+
+        let m2 = store
+            .put_checkpoint(&key, draft("w"), &img, &NoProgress)
+            .await
+            .unwrap();
+        assert_eq!(m2.stats.new_chunks, 3, "{name}: {:?}", m2.stats);
+        let out = tmp.path().join(format!("out-{name}"));
+        store
+            .get_checkpoint(&key, &m2.reference(), &out, &NoProgress)
+            .await
+            .unwrap();
+        assert_same_tree(&img, &out, &files);
+    }
+}
+
+/// A deleted manifest of an exact checkpoint is its own error, not "no checkpoint".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_manifest_is_named_as_missing() {
+    let e = env();
+    let img = image(e._tmp.path(), "img", &[("a", b"1".to_vec(), 0o600)]);
+    let m = e
+        .store
+        .put_checkpoint(&e.key, draft("w"), &img, &NoProgress)
+        .await
+        .unwrap();
+    std::fs::remove_file(e.root.join("manifests/w").join(format!("{}.json", m.id))).unwrap();
+    for err in [
+        e.store
+            .read_manifest(&e.key, &m.reference())
+            .await
+            .unwrap_err(),
+        e.store
+            .get_checkpoint(
+                &e.key,
+                &m.reference(),
+                &e._tmp.path().join("o"),
+                &NoProgress,
+            )
+            .await
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, StoreError::ManifestMissing { ref reference, .. } if *reference == m.reference().to_string()),
+            "{err}"
+        );
+        assert!(err.is_integrity_failure());
+    }
+    let latest: CheckpointRef = "w/latest".parse().unwrap();
+    let err = e.store.read_manifest(&e.key, &latest).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+    assert!(!err.is_integrity_failure());
 }
