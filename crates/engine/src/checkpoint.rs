@@ -93,7 +93,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
     let gpu = cuda::suspend(&pids, cuda::DEFAULT_LOCK_TIMEOUT)?;
 
-    let rootfs_kind = rootfs::detect(&state.rootfs, state.pid);
+    let rootfs_kind = rootfs::detect(&state.rootfs, state.pid)?;
     let was_paused = state.status == "paused";
     let freeze = Instant::now();
     if !was_paused {

@@ -22,7 +22,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -88,22 +88,104 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
 
 /// What the rootfs of the container whose init process is `pid` is.
 ///
-/// Asked in the container's own mount namespace first (its `/`), which works wherever this
-/// process runs: the node agent runs in a pod of its own and need not see the container's mounts
-/// (no mount propagation). Then this process's view of the bundle's `rootfs` path.
-pub fn detect(rootfs: &Path, pid: i32) -> RootfsKind {
-    if pid > 0 {
-        if let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
-            if let kind @ RootfsKind::Overlay { .. } = detect_in(&info, Path::new("/")) {
-                return kind;
-            }
-        }
+/// Read from the mount namespace the runtime mounted the rootfs in, never from the
+/// container's own: a container allowed to mount (CAP_SYS_ADMIN over its mount namespace)
+/// could otherwise show an overlay whose `upperdir=` names any node directory, which the
+/// capture would then archive. The container's init is a child of the runtime's shim (or the
+/// reaper `runc run --detach` leaves it to), which the container cannot change, so its parent's
+/// `/proc/<ppid>/mountinfo` holds `<bundle>/rootfs` as containerd mounted it. That works
+/// wherever this process runs: the node agent has the node's pids (hostPID) but not its mounts,
+/// and on the local test cluster each node's containerd has its own mount namespace, which the
+/// host's pid 1 does not see. Without a container process (`pid` 0), this process's own view
+/// of `rootfs`.
+pub fn detect(rootfs: &Path, pid: i32) -> Result<RootfsKind, EngineError> {
+    detect_with(
+        rootfs,
+        pid,
+        &|p: &Path| std::fs::read_to_string(p),
+        &|p: &Path| std::fs::read_link(p),
+    )
+}
+
+type Read<'a> = &'a dyn Fn(&Path) -> std::io::Result<String>;
+type Link<'a> = &'a dyn Fn(&Path) -> std::io::Result<PathBuf>;
+
+fn detect_with(
+    rootfs: &Path,
+    pid: i32,
+    read: Read<'_>,
+    link: Link<'_>,
+) -> Result<RootfsKind, EngineError> {
+    if pid <= 0 {
+        let canon = rootfs
+            .canonicalize()
+            .unwrap_or_else(|_| rootfs.to_path_buf());
+        let info = read(Path::new("/proc/self/mountinfo")).unwrap_or_default();
+        return checked(detect_in(&info, &canon), rootfs);
     }
-    let canon = rootfs
-        .canonicalize()
-        .unwrap_or_else(|_| rootfs.to_path_buf());
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    detect_in(&info, &canon)
+    let refuse = |reason: String| {
+        EngineError::Rootfs(format!(
+            "cannot tell how {} is mounted for container process {pid}: {reason}",
+            rootfs.display()
+        ))
+    };
+    let stat_path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let stat = read(&stat_path).map_err(|e| refuse(format!("{}: {e}", stat_path.display())))?;
+    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses, so from the last `)`.
+    let ppid: i32 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| refuse(format!("no parent pid in {}", stat_path.display())))?;
+    if ppid <= 0 {
+        return Err(refuse(
+            "its parent is outside this pid namespace (the runtime's mount namespace is needed)"
+                .into(),
+        ));
+    }
+    let ns = |p: i32| {
+        let l = PathBuf::from(format!("/proc/{p}/ns/mnt"));
+        link(&l).map_err(|e| refuse(format!("{}: {e}", l.display())))
+    };
+    if ns(ppid)? == ns(pid)? {
+        return Err(refuse(format!(
+            "its parent {ppid} shares its mount namespace, so no view of the runtime's mounts is at hand"
+        )));
+    }
+    let info_path = PathBuf::from(format!("/proc/{ppid}/mountinfo"));
+    let info = read(&info_path).map_err(|e| refuse(format!("{}: {e}", info_path.display())))?;
+    checked(detect_in(&info, rootfs), rootfs)
+}
+
+/// An upper directory is used only as an absolute, normal path that is a real directory (not
+/// a symlink) where this process sees the node's files.
+fn checked(kind: RootfsKind, rootfs: &Path) -> Result<RootfsKind, EngineError> {
+    let RootfsKind::Overlay { upper } = &kind else {
+        return Ok(kind);
+    };
+    let bad = |why: &str| {
+        EngineError::Rootfs(format!(
+            "the overlay at {} names the upper directory {}, which {why}; refusing to archive it",
+            rootfs.display(),
+            upper.display()
+        ))
+    };
+    if !upper.is_absolute()
+        || upper.components().any(|c| {
+            !matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        })
+    {
+        return Err(bad("is not an absolute normal path"));
+    }
+    let seen = tools::host_path(upper);
+    match std::fs::symlink_metadata(&seen) {
+        Ok(md) if md.is_dir() => Ok(kind),
+        Ok(_) => Err(bad("is not a directory")),
+        Err(e) => Err(bad(&format!("cannot be read at {} ({e})", seen.display()))),
+    }
 }
 
 fn tar_cmd() -> Command {
@@ -129,7 +211,12 @@ pub fn capture(
     image: &ImageDir,
 ) -> Result<RootfsCapture, EngineError> {
     let dir = image.rootfs_dir();
-    std::fs::create_dir_all(&dir).map_err(EngineError::io(&dir))?;
+    // Root's scratch: private, and every file in it made new (never through what was there).
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(EngineError::io(&dir))?;
     let diff = image.rootfs_diff();
     match kind {
         RootfsKind::Overlay { upper } => {
@@ -195,8 +282,13 @@ fn file_len(p: &Path) -> u64 {
 }
 
 fn write_nul_list(path: &Path, items: &[PathBuf]) -> Result<(), EngineError> {
-    let mut f =
-        std::io::BufWriter::new(std::fs::File::create(path).map_err(EngineError::io(path))?);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(EngineError::io(path))?;
+    let mut f = std::io::BufWriter::new(f);
     for i in items {
         f.write_all(i.as_os_str().as_bytes())
             .and_then(|_| f.write_all(b"\0"))
@@ -291,6 +383,71 @@ mod tests {
         assert_eq!(detect_in(info, Path::new("/other")), RootfsKind::Plain);
     }
 
+    /// A fake `/proc`: container 42 (in mount namespace A, whose own view shows an overlay
+    /// at `/` with `upperdir=/etc`), its parent 7 (the shim, namespace B, where the bundle's
+    /// rootfs is an overlay over a snapshot).
+    fn fake_proc(parent_ns: &'static str) -> impl Fn(&Path) -> std::io::Result<String> {
+        move |p: &Path| {
+            let text = match p.to_str().unwrap() {
+                "/proc/42/stat" => "42 (sh) x) S 7 42 42 0 -1".to_owned(),
+                "/proc/42/mountinfo" => {
+                    "1 0 0:9 / / rw - overlay overlay rw,lowerdir=/l,upperdir=/etc,workdir=/w\n"
+                        .to_owned()
+                }
+                "/proc/7/mountinfo" => format!(
+                    "1 0 8:1 / / rw - ext4 /dev/vda rw\n\
+                     99 1 0:50 / /run/c/rootfs rw - overlay overlay rw,lowerdir=/l,upperdir={},workdir=/w\n",
+                    std::env::temp_dir().display()
+                ),
+                "/proc/7/ns/mnt" => parent_ns.to_owned(),
+                "/proc/42/ns/mnt" => "mnt:[A]".to_owned(),
+                other => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        other.to_owned(),
+                    ))
+                }
+            };
+            Ok(text)
+        }
+    }
+
+    #[test]
+    fn the_upper_dir_comes_from_the_runtime_side_never_from_the_container() {
+        let read = fake_proc("mnt:[B]");
+        let link = |p: &Path| read(p).map(PathBuf::from);
+        let kind = detect_with(Path::new("/run/c/rootfs"), 42, &read, &link).unwrap();
+        assert_eq!(
+            kind,
+            RootfsKind::Overlay {
+                upper: std::env::temp_dir()
+            }
+        );
+        // A parent in the container's own mount namespace is no runtime view: refused.
+        let read = fake_proc("mnt:[A]");
+        let link = |p: &Path| read(p).map(PathBuf::from);
+        let err = detect_with(Path::new("/run/c/rootfs"), 42, &read, &link)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("shares its mount namespace"), "{err}");
+    }
+
+    #[test]
+    fn an_upper_dir_that_is_a_symlink_or_relative_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc", t.path().join("up")).unwrap();
+        for upper in [
+            t.path().join("up"),
+            PathBuf::from("rel/up"),
+            PathBuf::from("/a/../etc"),
+        ] {
+            let err = checked(RootfsKind::Overlay { upper }, Path::new("/r"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("refusing to archive it"), "{err}");
+        }
+    }
+
     fn write(p: &Path, s: &str) {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, s).unwrap();
@@ -311,7 +468,7 @@ mod tests {
             .unwrap()
             .as_secs() as i64;
         let cap = capture(
-            &detect(&rootfs, 0),
+            &detect(&rootfs, 0).unwrap(),
             &rootfs,
             i128::from(now - 3600) * 1_000_000_000,
             &image,
@@ -384,7 +541,7 @@ mod tests {
         let rootfs = t.path().join("rootfs");
         write(&rootfs.join("old"), "x");
         let image = ImageDir::new(t.path().join("image"));
-        let cap = capture(&detect(&rootfs, 0), &rootfs, i128::MAX / 2, &image).unwrap();
+        let cap = capture(&detect(&rootfs, 0).unwrap(), &rootfs, i128::MAX / 2, &image).unwrap();
         assert_eq!(cap.entries, 0);
         let fresh = t.path().join("fresh");
         write(&fresh.join("old"), "x");
