@@ -6,7 +6,9 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use stasis_core::decision::LastExit;
 use stasis_core::podspec::{self, SpecHash, VolumeFacts};
 use stasis_core::policy::LivenessProbe;
-use stasis_core::workload::{IdentityError, OwnerFacts, PodFacts, WorkloadIdentity};
+use stasis_core::workload::{
+    IdentityError, OwnerFacts, PodFacts, ReplicaSetOwner, WorkloadIdentity,
+};
 
 /// The identity facts of a pod: namespace, name, its controlling owner, labels, annotations.
 /// A pod inside an admission request may carry neither namespace nor name (they are filled in
@@ -26,13 +28,16 @@ pub fn pod_facts(pod: &Pod) -> PodFacts {
             .map(|o| OwnerFacts {
                 kind: o.kind.clone(),
                 name: o.name.clone(),
+                uid: o.uid.clone(),
             }),
         labels: m.labels.clone().unwrap_or_default(),
         annotations: m.annotations.clone().unwrap_or_default(),
+        replicaset_owner: ReplicaSetOwner::Unknown,
     }
 }
 
-/// The workload a pod belongs to.
+/// The workload a pod belongs to, from the pod alone (a ReplicaSet's Deployment from its name
+/// shape). The webhook looks the owners up instead (docs/design.md §10.2).
 pub fn workload_identity(pod: &Pod) -> Result<WorkloadIdentity, IdentityError> {
     WorkloadIdentity::of(&pod_facts(pod))
 }

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use stasis_core::decision::Requester;
+use stasis_core::decision::{Requester, COLD_START_ANNOTATION};
 
 use crate::keys::WAIT_CONTAINER;
 
@@ -33,6 +33,19 @@ pub fn requester_without_review(user: &str, pod: &Pod) -> Option<Requester> {
         Requester::WorkloadController => Some(Requester::WorkloadController),
         Requester::Direct { .. } => None,
     }
+}
+
+/// The domain of stasis's pod labels and annotations.
+pub const DOMAIN_PREFIX: &str = "stasis.dev/";
+/// The only key of that domain a user may set on a pod: it can only force a cold start.
+pub const USER_KEYS: &[&str] = &[COLD_START_ANNOTATION];
+
+/// A `stasis.dev/` label or annotation only stasis may set on a pod (the claim token, lineage,
+/// generation, decision and the rest the controller and the agents read): the webhook removes
+/// it from every pod it sees created, the chart's ValidatingAdmissionPolicy refuses changes to
+/// it by anyone but stasis (docs/design.md §13.3). `declare.stasis.dev/` keys are the user's.
+pub fn is_reserved(key: &str) -> bool {
+    key.starts_with(DOMAIN_PREFIX) && !USER_KEYS.contains(&key)
 }
 
 /// How the injected wait container is built.
@@ -178,6 +191,21 @@ fn add(path: String, value: Value) -> Value {
     json!({"op": "add", "path": path, "value": value})
 }
 
+/// `remove` operations for the reserved keys ([`is_reserved`]) of `existing` that `entries`
+/// does not set anyway.
+fn strip_ops(
+    ops: &mut Vec<Value>,
+    existing: Option<&BTreeMap<String, String>>,
+    base: &str,
+    entries: &BTreeMap<String, String>,
+) {
+    for k in existing.into_iter().flat_map(|m| m.keys()) {
+        if is_reserved(k) && !entries.contains_key(k) {
+            ops.push(json!({"op": "remove", "path": format!("{base}/{}", escape(k))}));
+        }
+    }
+}
+
 fn map_ops(ops: &mut Vec<Value>, present: bool, base: &str, entries: &BTreeMap<String, String>) {
     if entries.is_empty() {
         return;
@@ -191,11 +219,24 @@ fn map_ops(ops: &mut Vec<Value>, present: bool, base: &str, entries: &BTreeMap<S
     }
 }
 
-/// The JSONPatch (RFC 6902) for `mutation` on `pod`, as JSON: `add` operations only (an `add`
-/// on an existing member replaces it), so the patch applies to exactly the pod it was built
-/// from.
+/// The JSONPatch (RFC 6902) for `mutation` on `pod`, as JSON: `remove` operations for every
+/// reserved `stasis.dev/` label and annotation the pod was created with ([`is_reserved`]: only
+/// stasis writes them, whatever the decision), then `add` operations (an `add` on an existing
+/// member replaces it), so the patch applies to exactly the pod it was built from.
 pub fn patch(pod: &Pod, mutation: &Mutation) -> Value {
     let mut ops = Vec::new();
+    strip_ops(
+        &mut ops,
+        pod.metadata.annotations.as_ref(),
+        "/metadata/annotations",
+        &mutation.annotations,
+    );
+    strip_ops(
+        &mut ops,
+        pod.metadata.labels.as_ref(),
+        "/metadata/labels",
+        &mutation.labels,
+    );
     map_ops(
         &mut ops,
         pod.metadata.annotations.is_some(),
@@ -352,6 +393,53 @@ mod tests {
         // The result is still a valid Pod.
         let back: Pod = serde_json::from_value(out).unwrap();
         assert_eq!(back.spec.unwrap().init_containers.unwrap().len(), 2);
+    }
+
+    #[test]
+    fn user_supplied_stasis_keys_are_removed_whatever_the_decision() {
+        // A pod created with a copied claim token and decision, through any path (here: the
+        // webhook adds nothing, as on a cold start without a claim or after an error).
+        let p = pod(json!({
+            "metadata": {
+                "labels": {"app": "c", "stasis.dev/claim-token": "T", "stasis.dev/system": "true"},
+                "annotations": {
+                    "stasis.dev/claim-token": "T", "stasis.dev/decision": "Restore",
+                    "stasis.dev/decision-reported": "true", "stasis.dev/restore-from": "l/c",
+                    "stasis.dev/lineage": "prod_deploy_web.aa", "stasis.dev/generation": "9",
+                    "stasis.dev/cold-start": "true", "declare.stasis.dev/engine": "v1", "a": "b"
+                }
+            },
+            "spec": {"containers": [{"name": "c"}]}
+        }));
+        let out = apply(
+            &serde_json::to_value(&p).unwrap(),
+            &patch(&p, &Mutation::default()),
+        );
+        assert_eq!(
+            out["metadata"]["annotations"],
+            json!({"stasis.dev/cold-start": "true", "declare.stasis.dev/engine": "v1", "a": "b"})
+        );
+        assert_eq!(out["metadata"]["labels"], json!({"app": "c"}));
+        // With a decision: the webhook's own values replace the user's.
+        let m = Mutation {
+            annotations: BTreeMap::from([
+                ("stasis.dev/decision".into(), "ColdStart".into()),
+                ("stasis.dev/claim-token".into(), "mine".into()),
+            ]),
+            labels: BTreeMap::from([("stasis.dev/claim-token".into(), "mine".into())]),
+            restore: None,
+        };
+        let out = apply(&serde_json::to_value(&p).unwrap(), &patch(&p, &m));
+        let ann = &out["metadata"]["annotations"];
+        assert_eq!(ann["stasis.dev/decision"], "ColdStart");
+        assert_eq!(ann["stasis.dev/claim-token"], "mine");
+        assert!(ann.get("stasis.dev/restore-from").is_none());
+        assert!(ann.get("stasis.dev/decision-reported").is_none());
+        assert_eq!(out["metadata"]["labels"]["stasis.dev/claim-token"], "mine");
+        assert!(out["metadata"]["labels"].get("stasis.dev/system").is_none());
+        // Nothing to remove, nothing to add: an empty patch.
+        let clean = pod(json!({"metadata": {"labels": {"app": "c"}}, "spec": {"containers": []}}));
+        assert_eq!(patch(&clean, &Mutation::default()), json!([]));
     }
 
     #[test]

@@ -1,20 +1,30 @@
 //! The mutating admission webhook (`POST /mutate`): the restore decision for a new pod with
 //! `runtimeClassName: stasis` (DESIGN §3 "Restore", docs/design.md §10.8, §13.3).
 //!
-//! It never refuses a pod: every failure is logged and answered with "allowed, unchanged" (the
-//! pod starts cold), and the chart registers it with `failurePolicy: Ignore`.
+//! It never refuses a pod: every failure is logged and answered with "allowed" (the pod starts
+//! cold), and the chart registers it with `failurePolicy: Ignore`. Whatever the outcome, the
+//! `stasis.dev/` labels and annotations only stasis may write are removed from the pod
+//! ([`crate::admission::is_reserved`]).
+//!
+//! The request itself is not authenticated (docs/design.md §13.3): so that a forged request
+//! cannot make the webhook write anything for a workload that does not exist, the pod's
+//! controlling owner is read from the API server and must have the UIDs the owner references
+//! name ([`verified_identity`]) before any lineage is claimed or started.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, ListParams, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::core::DynamicObject;
+use kube::core::{DynamicObject, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use stasis_api::lineage::{declared, GENERATION_ANNOTATION, LINEAGE_ANNOTATION};
 use stasis_api::{pod as podfacts, CheckpointPolicy, CheckpointReason, PodCheckpoint};
@@ -23,6 +33,7 @@ use stasis_core::fingerprint::Mismatch;
 use stasis_core::lineage::{claim, claim_wait, Lineage, RestoreChoice};
 use stasis_core::podspec::{unsafe_volumes, SpecHash};
 use stasis_core::reference::WorkloadName;
+use stasis_core::workload::{check_owner, OwnerFacts, ReplicaSetOwner, WorkloadIdentity};
 
 use crate::admission::{patch, requester_without_review, Mutation, RestoreMutation, WaitConfig};
 use crate::keys::*;
@@ -84,8 +95,17 @@ pub async fn review(hook: Arc<Webhook>, body: &[u8], final_wait: Duration) -> Ve
         }
     };
     let mut resp = AdmissionResponse::from(&req);
-    match mutate(&hook, &req, final_wait).await {
-        Ok(Some(ops)) => match serde_json::from_value::<json_patch::Patch>(ops) {
+    let ops = match mutate(&hook, &req, final_wait).await {
+        Ok(ops) => ops,
+        Err(e) => {
+            hook.metrics.admitted("Error", e.metric_label());
+            tracing::warn!(error = %e, namespace = ?req.namespace, "restore decision failed: pod admitted without stasis's keys (cold start)");
+            // Still without user-supplied stasis keys: a cold start, nothing else.
+            stasis_pod(&hook.cfg, &req).map(|p| patch(p, &Mutation::default()))
+        }
+    };
+    if let Some(ops) = ops.filter(|o| o.as_array().is_some_and(|a| !a.is_empty())) {
+        match serde_json::from_value::<json_patch::Patch>(ops) {
             Ok(p) => match resp.clone().with_patch(p) {
                 Ok(r) => resp = r,
                 Err(e) => {
@@ -93,15 +113,17 @@ pub async fn review(hook: Arc<Webhook>, body: &[u8], final_wait: Duration) -> Ve
                 }
             },
             Err(e) => tracing::warn!(error = %e, "patch invalid: pod admitted unchanged"),
-        },
-        Ok(None) => {}
-        Err(e) => {
-            hook.metrics.admitted("Error", e.metric_label());
-            tracing::warn!(error = %e, namespace = ?req.namespace, "restore decision failed: pod admitted unchanged (cold start)");
         }
     }
     let review: AdmissionReview<DynamicObject> = resp.into_review();
     serde_json::to_vec(&review).unwrap_or_default()
+}
+
+/// The pod of a request that is stasis's concern: the creation of a pod of its RuntimeClass.
+fn stasis_pod<'a>(cfg: &WebhookConfig, req: &'a AdmissionRequest<Pod>) -> Option<&'a Pod> {
+    let pod = req.object.as_ref()?;
+    let class = pod.spec.as_ref()?.runtime_class_name.as_deref();
+    (req.operation == Operation::Create && class == Some(cfg.runtime_class.as_str())).then_some(pod)
 }
 
 /// The decision for one request: `None` for pods that are not stasis's concern.
@@ -110,18 +132,13 @@ async fn mutate(
     req: &AdmissionRequest<Pod>,
     final_wait: Duration,
 ) -> Result<Option<serde_json::Value>> {
-    if req.operation != Operation::Create || req.dry_run {
-        return Ok(None);
-    }
-    let Some(original) = req.object.as_ref() else {
+    let Some(original) = stasis_pod(&hook.cfg, req) else {
         return Ok(None);
     };
-    let class = original
-        .spec
-        .as_ref()
-        .and_then(|s| s.runtime_class_name.as_deref());
-    if class != Some(hook.cfg.runtime_class.as_str()) {
-        return Ok(None);
+    if req.dry_run {
+        // Nothing is claimed on a dry run; the answer still shows the keys a user may not set
+        // removed.
+        return Ok(Some(patch(original, &Mutation::default())));
     }
     let ns = req.namespace.clone().unwrap_or_default();
     let mut pod = original.clone();
@@ -133,10 +150,12 @@ async fn mutate(
         m.annotations.insert(DECISION_REASON_ANNOTATION.into(), why);
         hook.metrics.admitted("ColdStart", label);
     };
-    let workload = match podfacts::workload_identity(&pod) {
+    // The owners the pod names must exist with those UIDs: otherwise nothing is claimed or
+    // written, and the answer names no lineage.
+    let workload = match verified_identity(&hook.client, &ns, &pod).await? {
         Ok(w) => w.key(),
-        Err(e) => {
-            cold(&mut m, "NoIdentity", format!("no workload identity: {e}"));
+        Err((label, why)) => {
+            cold(&mut m, label, format!("no workload identity: {why}"));
             return Ok(Some(patch(original, &m)));
         }
     };
@@ -227,6 +246,109 @@ async fn mutate(
         }
     }
     Ok(Some(patch(original, &m)))
+}
+
+/// The workload of a pod at admission, its owners read from the API server: the controlling
+/// owner must exist with the UID its reference names, and a ReplicaSet's own controlling
+/// Deployment too (`stasis_core::workload::check_owner`); the Deployment of a ReplicaSet is the
+/// one the ReplicaSet names, never one guessed from names (docs/design.md §10.2). `Err` with a
+/// metric label and the reason when the pod has no identity, or names owners that are not
+/// there (a forged request, a stale reference).
+pub async fn verified_identity(
+    client: &Client,
+    ns: &str,
+    pod: &Pod,
+) -> Result<std::result::Result<WorkloadIdentity, (&'static str, String)>> {
+    let mut facts = podfacts::pod_facts(pod);
+    if let Some(owner) = facts.controller.clone() {
+        let api_version = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.api_version.clone())
+            .unwrap_or_default();
+        let found = owner_meta(client, ns, &api_version, &owner.kind, &owner.name).await?;
+        if let Err(e) = check_owner(&owner, found.as_ref().and_then(|m| m.uid.as_deref())) {
+            return Ok(Err(("UnverifiedOwner", e.to_string())));
+        }
+        if owner.kind == "ReplicaSet" {
+            let rs_owner = found
+                .as_ref()
+                .and_then(|m| m.owner_references.as_ref())
+                .and_then(|refs| refs.iter().find(|o| o.controller == Some(true)))
+                .map(|o| {
+                    (
+                        o.api_version.clone(),
+                        OwnerFacts {
+                            kind: o.kind.clone(),
+                            name: o.name.clone(),
+                            uid: o.uid.clone(),
+                        },
+                    )
+                });
+            if let Some((api_version, d)) =
+                rs_owner.as_ref().filter(|(_, d)| d.kind == "Deployment")
+            {
+                let found = owner_meta(client, ns, api_version, &d.kind, &d.name).await?;
+                if let Err(e) = check_owner(d, found.as_ref().and_then(|m| m.uid.as_deref())) {
+                    return Ok(Err((
+                        "UnverifiedOwner",
+                        format!("its ReplicaSet {:?}: {e}", owner.name),
+                    )));
+                }
+            }
+            facts.replicaset_owner = ReplicaSetOwner::Verified(rs_owner.map(|(_, d)| d));
+        }
+    }
+    Ok(WorkloadIdentity::of(&facts).map_err(|e| ("NoIdentity", e.to_string())))
+}
+
+/// The metadata of a pod's owner object, `None` when there is no such object. The built-in
+/// workload kinds are read only in their own API group (an owner reference to a `ReplicaSet` of
+/// another group is no ReplicaSet controller's); other kinds through their group and version
+/// (the controller needs `get` on them).
+async fn owner_meta(
+    client: &Client,
+    ns: &str,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Option<ObjectMeta>> {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let c = client.clone();
+    let meta = match (group, kind) {
+        ("apps", "ReplicaSet") => Api::<ReplicaSet>::namespaced(c, ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        ("apps", "Deployment") => Api::<Deployment>::namespaced(c, ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        ("apps", "StatefulSet") => Api::<StatefulSet>::namespaced(c, ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        ("apps", "DaemonSet") => Api::<DaemonSet>::namespaced(c, ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        ("batch", "Job") => Api::<Job>::namespaced(c, ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        (_, "ReplicaSet" | "Deployment" | "StatefulSet" | "DaemonSet" | "Job") => None,
+        _ => {
+            let gvk = GroupVersionKind::gvk(group, version, kind);
+            Api::<DynamicObject>::namespaced_with(c, ns, &ApiResource::from_gvk(&gvk))
+                .get_opt(name)
+                .await?
+                .map(|o| o.metadata)
+        }
+    };
+    Ok(meta)
 }
 
 /// A random claim token: 32 hex digits (a valid label value).
@@ -890,6 +1012,17 @@ mod tests {
                 list("PodList", vec![]),
             ),
             ("GET", "/api/v1/nodes/worker-1".into(), node),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/prod/replicasets/counter-7d9f8b6c5".into(),
+                replicaset("counter-7d9f8b6c5", "rs", Some(("counter", "dep"))),
+            ),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/prod/deployments/counter".into(),
+                json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                       "metadata": {"name": "counter", "namespace": "prod", "uid": "dep"}}),
+            ),
         ]);
         let hook = Arc::new(Webhook {
             records: Records::new(client.clone(), "stasis"),
@@ -952,6 +1085,200 @@ mod tests {
         assert_eq!(h.restore.as_deref(), Some(reference.as_str()));
         assert_eq!(h.source_pod.as_deref(), Some("counter-7d9f8b6c5-old"));
         assert!(hook.metrics.encode().contains("decision=\"Restore\""));
+    }
+
+    /// A ReplicaSet as the API server returns it, controlled by `deployment` (name, UID).
+    fn replicaset(name: &str, uid: &str, deployment: Option<(&str, &str)>) -> serde_json::Value {
+        let owners: Vec<serde_json::Value> = deployment
+            .map(|(n, u)| json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": n, "uid": u, "controller": true}))
+            .into_iter()
+            .collect();
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+               "metadata": {"name": name, "namespace": "prod", "uid": uid, "ownerReferences": owners},
+               "spec": {"selector": {}}})
+    }
+
+    /// The patch of an answer applied to `pod`.
+    fn patched(out: &[u8], pod: &serde_json::Value) -> serde_json::Value {
+        let r = response(out);
+        assert_eq!(r["allowed"], true);
+        let mut doc = pod.clone();
+        if let Some(p) = r.get("patch") {
+            let bytes: Vec<u8> = serde_json::from_value(p.clone()).unwrap();
+            let ops: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+            json_patch::patch(&mut doc, &ops).unwrap();
+        }
+        doc
+    }
+
+    /// A pod of ReplicaSet `rs` (UID `uid`), as the M1 and H2 attacks write it.
+    fn rs_pod(rs: &str, uid: &str, hash: &str) -> serde_json::Value {
+        json!({
+            "metadata": {"generateName": format!("{rs}-"), "labels": {"app": "web", "pod-template-hash": hash},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "uid": uid, "controller": true}]},
+            "spec": {"runtimeClassName": "stasis", "containers": [{"name": "c", "image": "web:1"}]}
+        })
+    }
+
+    fn hook_with(client: Client) -> Arc<Webhook> {
+        Arc::new(Webhook {
+            records: Records::new(client.clone(), "stasis"),
+            client,
+            metrics: Metrics::default(),
+            cfg: offline_hook().cfg.clone(),
+        })
+    }
+
+    const RS_CONTROLLER: &str = "system:serviceaccount:kube-system:replicaset-controller";
+
+    #[tokio::test]
+    async fn a_review_naming_owners_that_are_not_there_claims_nothing_and_names_no_lineage() {
+        let policy = json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "CheckpointPolicy",
+            "metadata": {"name": "web", "namespace": "prod"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "interval": "10s"}
+        });
+        let routes = || {
+            vec![
+                (
+                    "GET",
+                    "/apis/stasis.dev/v1alpha1/namespaces/prod/checkpointpolicies".to_owned(),
+                    list("CheckpointPolicyList", vec![policy.clone()]),
+                ),
+                (
+                    "GET",
+                    "/api/v1/namespaces/stasis/configmaps".to_owned(),
+                    list("ConfigMapList", vec![]),
+                ),
+                (
+                    "GET",
+                    "/apis/stasis.dev/v1alpha1/namespaces/prod/podcheckpoints".to_owned(),
+                    list("PodCheckpointList", vec![]),
+                ),
+                (
+                    "GET",
+                    "/apis/apps/v1/namespaces/prod/replicasets/web-6d4f9".to_owned(),
+                    replicaset("web-6d4f9", "rs-real", Some(("web", "dep-real"))),
+                ),
+                (
+                    "GET",
+                    "/apis/apps/v1/namespaces/prod/replicasets/web-zz9".to_owned(),
+                    replicaset("web-zz9", "rs-user", None),
+                ),
+                (
+                    "GET",
+                    "/apis/apps/v1/namespaces/prod/replicasets/web-gone".to_owned(),
+                    replicaset("web-gone", "rs-gone", Some(("web", "dep-old"))),
+                ),
+                (
+                    "GET",
+                    "/apis/apps/v1/namespaces/prod/deployments/web".to_owned(),
+                    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                           "metadata": {"name": "web", "namespace": "prod", "uid": "dep-real"}}),
+                ),
+            ]
+        };
+        // A forged review (any user may claim to be the ReplicaSet controller): a ReplicaSet
+        // that does not exist, one whose UID differs, one whose Deployment is another object
+        // of the same name.
+        for (rs, uid, hash, why) in [
+            ("web-nope", "rs-x", "nope", "does not exist"),
+            ("web-6d4f9", "rs-forged", "6d4f9", "another UID"),
+            ("web-gone", "rs-gone", "gone", "another UID"),
+        ] {
+            let (client, writes) = routed_client(routes());
+            let hook = hook_with(client);
+            let pod = rs_pod(rs, uid, hash);
+            let out = review(
+                hook.clone(),
+                &admission_review(RS_CONTROLLER, pod.clone(), false),
+                Duration::from_secs(1),
+            )
+            .await;
+            let doc = patched(&out, &pod);
+            let ann = &doc["metadata"]["annotations"];
+            assert_eq!(ann[DECISION_ANNOTATION], "ColdStart", "{rs}: {doc}");
+            let reason = ann[DECISION_REASON_ANNOTATION].as_str().unwrap();
+            assert!(reason.contains(why), "{rs}: {reason}");
+            assert!(ann.get(LINEAGE_ANNOTATION).is_none(), "{rs}: {ann}");
+            assert!(ann.get(CLAIM_TOKEN_ANNOTATION).is_none(), "{rs}: {ann}");
+            assert!(writes.lock().unwrap().is_empty(), "{rs}: nothing written");
+            assert!(hook.metrics.encode().contains("UnverifiedOwner"));
+        }
+        // M1: a ReplicaSet `web-zz9` a user created, shaped like Deployment web's: it is its
+        // own workload (keyed by its UID), never Deployment web's.
+        let (client, writes) = routed_client(routes());
+        let pod = rs_pod("web-zz9", "rs-user", "zz9");
+        let out = review(
+            hook_with(client),
+            &admission_review(RS_CONTROLLER, pod.clone(), false),
+            Duration::from_secs(1),
+        )
+        .await;
+        let doc = patched(&out, &pod);
+        let lineage = doc["metadata"]["annotations"][LINEAGE_ANNOTATION]
+            .as_str()
+            .unwrap();
+        assert!(lineage.starts_with("prod_rs_web-zz9_"), "{lineage}");
+        let writes = writes.lock().unwrap().clone();
+        assert_eq!(writes.len(), 1);
+        assert!(writes[0].2["metadata"]["annotations"][WORKLOAD_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .starts_with("prod_rs_web-zz9_"));
+        // The real ReplicaSet of Deployment web, named by its UIDs: Deployment web's workload.
+        let (client, _) = routed_client(routes());
+        let pod = rs_pod("web-6d4f9", "rs-real", "6d4f9");
+        let out = review(
+            hook_with(client),
+            &admission_review(RS_CONTROLLER, pod.clone(), false),
+            Duration::from_secs(1),
+        )
+        .await;
+        let doc = patched(&out, &pod);
+        assert!(doc["metadata"]["annotations"][LINEAGE_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .starts_with("prod_deploy_web."));
+    }
+
+    #[tokio::test]
+    async fn user_supplied_stasis_keys_are_removed_even_when_nothing_can_be_decided() {
+        // The H1 pod: a copied claim token and a Restore decision, the label that used to skip
+        // the webhook; the API server cannot be reached (the decision fails).
+        let pod = json!({
+            "metadata": {"name": "evil",
+                "labels": {"stasis.dev/system": "true", "stasis.dev/claim-token": "T"},
+                "annotations": {"stasis.dev/decision": "Restore", "stasis.dev/cold-start": "false"}},
+            "spec": {"runtimeClassName": "stasis", "containers": [{"name": "c", "image": "i"}]}
+        });
+        for dry_run in [false, true] {
+            let out = review(
+                offline_hook(),
+                &admission_review("alice", pod.clone(), dry_run),
+                Duration::from_secs(1),
+            )
+            .await;
+            let doc = patched(&out, &pod);
+            assert_eq!(doc["metadata"]["labels"], json!({}), "dry run {dry_run}");
+            assert_eq!(
+                doc["metadata"]["annotations"],
+                json!({"stasis.dev/cold-start": "false"}),
+                "dry run {dry_run}"
+            );
+        }
+        // Not stasis's pod: untouched.
+        let mut other = pod.clone();
+        other["spec"]["runtimeClassName"] = json!("runc");
+        let r = response(
+            &review(
+                offline_hook(),
+                &admission_review("alice", other, false),
+                Duration::from_secs(1),
+            )
+            .await,
+        );
+        assert!(r.get("patch").is_none());
     }
 
     #[test]

@@ -32,6 +32,19 @@ use crate::reference::{CheckpointId, WorkloadName};
 /// Pod annotation that forces a cold start when set to `"true"`.
 pub const COLD_START_ANNOTATION: &str = "stasis.dev/cold-start";
 
+/// The built-in controllers that create the pods of each controlling owner kind: the kind and
+/// the controller's service account in `kube-system` (kube-controller-manager with
+/// `--use-service-account-credentials`). The chart's ValidatingAdmissionPolicy names the same
+/// accounts (a test in stasis-controller keeps them equal).
+pub const WORKLOAD_CONTROLLERS: &[(&str, &str)] = &[
+    ("ReplicaSet", "replicaset-controller"),
+    ("StatefulSet", "statefulset-controller"),
+    ("Job", "job-controller"),
+    ("DaemonSet", "daemon-set-controller"),
+];
+/// kube-controller-manager's own user, when it runs without per-controller service accounts.
+pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+
 /// Who created the pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requester {
@@ -56,15 +69,12 @@ impl Requester {
     /// them); other controllers (operators) count as direct requesters and need the restore
     /// permission, which a cluster admin grants to their service account.
     pub fn classify(user: &str, controller_kind: Option<&str>, may_restore: bool) -> Self {
-        let expected = match controller_kind {
-            Some("ReplicaSet") => Some("replicaset-controller"),
-            Some("StatefulSet") => Some("statefulset-controller"),
-            Some("Job") => Some("job-controller"),
-            Some("DaemonSet") => Some("daemon-set-controller"),
-            _ => None,
-        };
+        let expected = WORKLOAD_CONTROLLERS
+            .iter()
+            .find(|(kind, _)| Some(*kind) == controller_kind)
+            .map(|(_, sa)| *sa);
         let is_controller = expected.is_some_and(|sa| {
-            user == "system:kube-controller-manager"
+            user == CONTROLLER_MANAGER_USER
                 || user.strip_prefix("system:serviceaccount:kube-system:") == Some(sa)
         });
         if is_controller {

@@ -6,20 +6,36 @@
 //!
 //! | controller owner           | workload                                   | member            |
 //! |----------------------------|--------------------------------------------|-------------------|
-//! | ReplicaSet `X-<hash>` with label `pod-template-hash=<hash>` | Deployment `X` | —      |
-//! | ReplicaSet without that shape | ReplicaSet (its own name)               | —                 |
-//! | StatefulSet `S`            | StatefulSet `S`                            | ordinal           |
-//! | Job `J`                    | Job `J`                                    | completion index  |
+//! | ReplicaSet controlled by Deployment `X` | Deployment `X`                | —                 |
+//! | ReplicaSet without a Deployment | ReplicaSet (its name and UID)         | —                 |
+//! | StatefulSet `S`            | StatefulSet `S` (its name and UID)         | ordinal           |
+//! | Job `J`                    | Job `J` (its name and UID)                 | completion index  |
 //! | none                       | the bare pod's own name                    | —                 |
-//! | any other kind `K`         | `K` and its name (DaemonSet, operators)    | —                 |
+//! | any other kind `K`         | `K`, its name and UID (DaemonSet, operators) | —               |
+//!
+//! Which Deployment controls a ReplicaSet is known only from the API server: the webhook looks
+//! the owners up and fills in [`PodFacts::replicaset_owner`] ([`ReplicaSetOwner::Verified`]),
+//! after checking every link's UID with [`check_owner`]. Without the look-up (the agent and
+//! the controller deriving a pod's key from the pod alone) a ReplicaSet named `X-<hash>` whose
+//! pods carry `pod-template-hash=<hash>` is taken for Deployment `X`, the shape the Deployment
+//! controller gives the ReplicaSets it owns.
+//!
+//! Owner UIDs: a key includes the UID of the owner object wherever a recreated object of the
+//! same name must not inherit the old one's checkpoints (a Job run again, a StatefulSet deleted
+//! and created anew, a DaemonSet, an operator's object). A Deployment's key is its name only:
+//! its rollouts replace the ReplicaSets (and their UIDs) but must keep the workload, and the
+//! pod carries the UID of its ReplicaSet, never its Deployment's, so a key with the
+//! Deployment's UID could not be derived from the pod by the agent and the controller. A
+//! Deployment deleted and created again under the same name therefore continues the old one's
+//! lineages, as a rollout would; its pods still restore only with an equal spec hash.
 //!
 //! Replicas of one workload without a member (Deployment replicas, non-indexed Job pods) share
 //! the workload but never a lineage: each running pod holds its own (see [`crate::lineage`]).
 //!
-//! The key is `<namespace>_<kind>_<name>[_<member>]`. Kubernetes names and namespaces never
-//! contain `_` (DNS-1123), so the key is unambiguous; it is a valid [`WorkloadName`], and a key
-//! longer than 128 characters is cut and suffixed with a digest of the whole key so that two long
-//! names never collide.
+//! The key is `<namespace>_<kind>_<name>[_<owner uid>][_<member>]` (the owner UID as its first
+//! 16 hex digits). Kubernetes names and namespaces never contain `_` (DNS-1123), so the key is
+//! unambiguous; it is a valid [`WorkloadName`], and a key longer than 128 characters is cut and
+//! suffixed with a digest of the whole key so that two long names never collide.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -43,6 +59,8 @@ pub struct PodFacts {
     pub controller: Option<OwnerFacts>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// When the controller is a ReplicaSet: its own controlling owner, if looked up.
+    pub replicaset_owner: ReplicaSetOwner,
 }
 
 /// A controlling owner reference.
@@ -50,6 +68,50 @@ pub struct PodFacts {
 pub struct OwnerFacts {
     pub kind: String,
     pub name: String,
+    /// The owner object's UID, as the reference names it.
+    pub uid: String,
+}
+
+/// The controlling owner of a pod's ReplicaSet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ReplicaSetOwner {
+    /// Not looked up: the ReplicaSet's name shape decides (see the module documentation).
+    #[default]
+    Unknown,
+    /// Read from the API server, every UID checked ([`check_owner`]): the ReplicaSet's
+    /// controlling owner, `None` when it has none.
+    Verified(Option<OwnerFacts>),
+}
+
+/// Why a pod's owner references do not name real objects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unverified {
+    #[error("its controlling owner {kind} {name:?} does not exist")]
+    Missing { kind: String, name: String },
+    #[error("its controlling owner {kind} {name:?} has another UID than the owner reference names ({claimed:?})")]
+    OtherUid {
+        kind: String,
+        name: String,
+        claimed: String,
+    },
+}
+
+/// Checks one owner reference against the object the API server returned for it (`found`: its
+/// UID, `None` when there is no such object): the pod counts as created for that owner only if
+/// the UIDs are equal, since owner references are written by whoever creates the pod.
+pub fn check_owner(claimed: &OwnerFacts, found: Option<&str>) -> Result<(), Unverified> {
+    match found {
+        None => Err(Unverified::Missing {
+            kind: claimed.kind.clone(),
+            name: claimed.name.clone(),
+        }),
+        Some(uid) if uid.is_empty() || uid != claimed.uid => Err(Unverified::OtherUid {
+            kind: claimed.kind.clone(),
+            name: claimed.name.clone(),
+            claimed: claimed.uid.clone(),
+        }),
+        Some(_) => Ok(()),
+    }
 }
 
 /// Kind of workload a pod belongs to.
@@ -86,6 +148,8 @@ pub enum IdentityError {
     Unnamed,
     #[error("pod {pod:?} of StatefulSet {set:?} has no ordinal: neither label {POD_INDEX_LABEL} nor a name <set>-<n>")]
     NoOrdinal { pod: String, set: String },
+    #[error("the pod's owner reference to {kind} {name:?} has no UID")]
+    NoOwnerUid { kind: String, name: String },
 }
 
 /// The workload a pod belongs to.
@@ -94,6 +158,9 @@ pub struct WorkloadIdentity {
     pub namespace: String,
     pub kind: WorkloadKind,
     pub name: String,
+    /// The owner object's UID where a recreated object of the same name must not inherit (see
+    /// the module documentation); `None` for Deployments and bare pods.
+    pub owner_uid: Option<String>,
     /// StatefulSet ordinal or Job completion index: a replacement continues the same member.
     pub member: Option<String>,
 }
@@ -106,13 +173,37 @@ impl WorkloadIdentity {
         if pod.namespace.is_empty() || (pod.controller.is_none() && pod.name.is_empty()) {
             return Err(IdentityError::Unnamed);
         }
+        if let Some(owner) = pod.controller.as_ref().filter(|o| o.uid.is_empty()) {
+            return Err(IdentityError::NoOwnerUid {
+                kind: owner.kind.clone(),
+                name: owner.name.clone(),
+            });
+        }
         let (kind, name, member) = match &pod.controller {
             None => (WorkloadKind::Pod, pod.name.clone(), None),
             Some(owner) => match owner.kind.as_str() {
-                "ReplicaSet" => match deployment_of(&owner.name, &pod.labels) {
-                    Some(deploy) => (WorkloadKind::Deployment, deploy.to_owned(), None),
-                    None => (WorkloadKind::ReplicaSet, owner.name.clone(), None),
-                },
+                "ReplicaSet" => {
+                    let deployment = match &pod.replicaset_owner {
+                        ReplicaSetOwner::Verified(o) => o
+                            .as_ref()
+                            .filter(|o| o.kind == "Deployment")
+                            .map(|o| o.name.as_str()),
+                        ReplicaSetOwner::Unknown => deployment_of(&owner.name, &pod.labels),
+                    };
+                    match deployment {
+                        Some(deploy) => {
+                            let id = Self {
+                                namespace: pod.namespace.clone(),
+                                kind: WorkloadKind::Deployment,
+                                name: deploy.to_owned(),
+                                owner_uid: None,
+                                member: None,
+                            };
+                            return Ok(id);
+                        }
+                        None => (WorkloadKind::ReplicaSet, owner.name.clone(), None),
+                    }
+                }
                 "StatefulSet" => {
                     let ordinal = statefulset_ordinal(&owner.name, pod).ok_or_else(|| {
                         IdentityError::NoOrdinal {
@@ -138,10 +229,12 @@ impl WorkloadIdentity {
                 ),
             },
         };
+        let owner_uid = pod.controller.as_ref().map(|o| uid_fragment(&o.uid));
         Ok(Self {
             namespace: pod.namespace.clone(),
             kind,
             name,
+            owner_uid,
             member,
         })
     }
@@ -150,6 +243,10 @@ impl WorkloadIdentity {
     /// valid [`WorkloadName`] (see the module documentation for long names).
     pub fn key(&self) -> WorkloadName {
         let mut key = format!("{}_{}_{}", self.namespace, self.kind.short(), self.name);
+        if let Some(u) = &self.owner_uid {
+            key.push('_');
+            key.push_str(u);
+        }
         if let Some(m) = &self.member {
             key.push('_');
             key.push_str(m);
@@ -174,6 +271,17 @@ fn deployment_of<'a>(replicaset: &'a str, labels: &BTreeMap<String, String>) -> 
     let hash = labels.get(POD_TEMPLATE_HASH_LABEL)?;
     let prefix = replicaset.strip_suffix(hash.as_str())?.strip_suffix('-')?;
     (!hash.is_empty() && !prefix.is_empty()).then_some(prefix)
+}
+
+/// The first 16 hex digits of a UID (a UUID: dashes and case dropped), the form keys carry.
+fn uid_fragment(uid: &str) -> String {
+    let hex: String = uid.chars().filter(|c| *c != '-').collect();
+    if hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        hex[..16].to_ascii_lowercase()
+    } else {
+        // Not a UUID: still distinct per UID, and still a valid key.
+        blake3::hash(uid.as_bytes()).to_hex()[..16].to_owned()
+    }
 }
 
 fn statefulset_ordinal(set: &str, pod: &PodFacts) -> Option<String> {
@@ -215,14 +323,20 @@ mod tests {
             controller: owner.map(|(k, n)| OwnerFacts {
                 kind: k.into(),
                 name: n.into(),
+                uid: UID.into(),
             }),
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             annotations: BTreeMap::new(),
+            replicaset_owner: ReplicaSetOwner::Unknown,
         }
     }
+
+    /// The owners' UID in these tests, and its form in keys.
+    const UID: &str = "3F2A9C10-0000-4000-8000-0000000000AA";
+    const U: &str = "3f2a9c1000004000";
 
     #[test]
     fn deployment_through_replicaset_strips_template_hash() {
@@ -251,7 +365,7 @@ mod tests {
         let p = pod("ns", "web-x1", Some(("ReplicaSet", "web")), &[]);
         let id = WorkloadIdentity::of(&p).unwrap();
         assert_eq!(id.kind, WorkloadKind::ReplicaSet);
-        assert_eq!(id.key().as_str(), "ns_rs_web");
+        assert_eq!(id.key().as_str(), &format!("ns_rs_web_{U}"));
         // A hash label that is not the name's suffix is not a Deployment's.
         let q = pod(
             "ns",
@@ -275,12 +389,12 @@ mod tests {
         );
         assert_eq!(
             WorkloadIdentity::of(&a).unwrap().key().as_str(),
-            "db_sts_pg_2"
+            &format!("db_sts_pg_{U}_2")
         );
         let b = pod("db", "pg-10", Some(("StatefulSet", "pg")), &[]);
         let id = WorkloadIdentity::of(&b).unwrap();
         assert_eq!(id.member.as_deref(), Some("10"));
-        assert_eq!(id.key().as_str(), "db_sts_pg_10");
+        assert_eq!(id.key().as_str(), &format!("db_sts_pg_{U}_10"));
         // Distinct ordinals are distinct workloads.
         assert_ne!(WorkloadIdentity::of(&a).unwrap().key(), id.key());
         let c = pod("db", "weird", Some(("StatefulSet", "pg")), &[]);
@@ -297,7 +411,7 @@ mod tests {
             .insert(JOB_COMPLETION_INDEX.into(), "3".into());
         assert_eq!(
             WorkloadIdentity::of(&p).unwrap().key().as_str(),
-            "ml_job_train_3"
+            &format!("ml_job_train_{U}_3")
         );
         let q = pod(
             "ml",
@@ -307,13 +421,13 @@ mod tests {
         );
         assert_eq!(
             WorkloadIdentity::of(&q).unwrap().key().as_str(),
-            "ml_job_train_4"
+            &format!("ml_job_train_{U}_4")
         );
         // Non-indexed jobs: one workload, replicas told apart by lineage.
         let r = pod("ml", "train-abcde", Some(("Job", "train")), &[]);
         assert_eq!(
             WorkloadIdentity::of(&r).unwrap().key().as_str(),
-            "ml_job_train"
+            &format!("ml_job_train_{U}")
         );
     }
 
@@ -327,7 +441,7 @@ mod tests {
         let d = pod("kube-system", "agent-x", Some(("DaemonSet", "agent")), &[]);
         assert_eq!(
             WorkloadIdentity::of(&d).unwrap().key().as_str(),
-            "kube-system_daemonset_agent"
+            &format!("kube-system_daemonset_agent_{U}")
         );
         assert_eq!(
             WorkloadIdentity::of(&pod("", "x", None, &[])),
@@ -348,6 +462,103 @@ mod tests {
             WorkloadIdentity::of(&unnamed).unwrap().key().as_str(),
             "prod_deploy_counter"
         );
+    }
+
+    #[test]
+    fn a_recreated_owner_of_the_same_name_is_another_workload() {
+        let other = |mut p: PodFacts| {
+            p.controller.as_mut().unwrap().uid = "9b2a9c10-0000-4000-8000-0000000000bb".into();
+            p
+        };
+        for p in [
+            pod(
+                "db",
+                "pg-2",
+                Some(("StatefulSet", "pg")),
+                &[(POD_INDEX_LABEL, "2")],
+            ),
+            pod("ml", "train-abcde", Some(("Job", "train")), &[]),
+            pod("ns", "web-x1", Some(("ReplicaSet", "web")), &[]),
+            pod("ns", "agent-x", Some(("DaemonSet", "agent")), &[]),
+        ] {
+            let a = WorkloadIdentity::of(&p).unwrap().key();
+            let b = WorkloadIdentity::of(&other(p.clone())).unwrap().key();
+            assert_ne!(a, b, "{p:?}");
+        }
+        // A Deployment's pods keep their workload across ReplicaSets (rollouts): the key has
+        // no UID.
+        let d = pod(
+            "prod",
+            "counter-7d9f8b6c5-abcde",
+            Some(("ReplicaSet", "counter-7d9f8b6c5")),
+            &[(POD_TEMPLATE_HASH_LABEL, "7d9f8b6c5")],
+        );
+        assert_eq!(
+            WorkloadIdentity::of(&other(d)).unwrap().key().as_str(),
+            "prod_deploy_counter"
+        );
+        // An owner reference without a UID names no object.
+        let mut n = pod(
+            "db",
+            "pg-2",
+            Some(("StatefulSet", "pg")),
+            &[(POD_INDEX_LABEL, "2")],
+        );
+        n.controller.as_mut().unwrap().uid.clear();
+        assert!(matches!(
+            WorkloadIdentity::of(&n),
+            Err(IdentityError::NoOwnerUid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_looked_up_replicaset_owner_decides_over_the_name_shape() {
+        // The M1 shape: a ReplicaSet `web-zz9` made by a user (no Deployment controls it), its
+        // pods labelled `pod-template-hash: zz9`.
+        let mut p = pod(
+            "prod",
+            "",
+            Some(("ReplicaSet", "web-zz9")),
+            &[(POD_TEMPLATE_HASH_LABEL, "zz9")],
+        );
+        assert_eq!(
+            WorkloadIdentity::of(&p).unwrap().key().as_str(),
+            "prod_deploy_web",
+            "from the pod alone, the name shape decides"
+        );
+        p.replicaset_owner = ReplicaSetOwner::Verified(None);
+        assert_eq!(
+            WorkloadIdentity::of(&p).unwrap().key().as_str(),
+            format!("prod_rs_web-zz9_{U}")
+        );
+        // Controlled by Deployment `api`: that is the workload, whatever the names say.
+        p.replicaset_owner = ReplicaSetOwner::Verified(Some(OwnerFacts {
+            kind: "Deployment".into(),
+            name: "api".into(),
+            uid: UID.into(),
+        }));
+        assert_eq!(
+            WorkloadIdentity::of(&p).unwrap().key().as_str(),
+            "prod_deploy_api"
+        );
+    }
+
+    #[test]
+    fn owners_are_checked_by_uid() {
+        let claimed = OwnerFacts {
+            kind: "ReplicaSet".into(),
+            name: "web-1".into(),
+            uid: UID.into(),
+        };
+        assert_eq!(check_owner(&claimed, Some(UID)), Ok(()));
+        assert!(matches!(
+            check_owner(&claimed, None),
+            Err(Unverified::Missing { .. })
+        ));
+        let e = check_owner(&claimed, Some("other")).unwrap_err();
+        assert!(matches!(e, Unverified::OtherUid { .. }));
+        assert!(e.to_string().contains("ReplicaSet \"web-1\""), "{e}");
+        assert!(check_owner(&claimed, Some("")).is_err());
     }
 
     #[test]
