@@ -50,7 +50,7 @@ pub(crate) const HEADER_LEN: usize = 15;
 pub(crate) const TAG_LEN: usize = 16;
 /// The largest chunk object: a raw (uncompressed) chunk of [`MAX_CHUNK`] bytes. A reader
 /// refuses a larger object before reading it, and in fact bounds each object by its own
-/// chunk's length ([`max_object_len`]).
+/// chunk's length (`15 + len + 16`).
 pub const MAX_CHUNK_OBJECT: u64 = (HEADER_LEN + MAX_CHUNK + TAG_LEN) as u64;
 
 /// The largest object a chunk of `plain_len` bytes is stored as (stored raw).
@@ -190,13 +190,14 @@ impl ChunkBuf {
 
 /// A decoded chunk: borrowed from the object buffer (stored raw) or decompressed.
 #[derive(Debug)]
-pub(crate) enum Plain<'a> {
+/// A decoded chunk's plaintext: in the object's buffer (raw) or decompressed.
+pub enum Plain<'a> {
     Borrowed(&'a [u8]),
     Owned(Vec<u8>),
 }
 
 impl Plain<'_> {
-    pub(crate) fn as_slice(&self) -> &[u8] {
+    pub fn as_slice(&self) -> &[u8] {
         match self {
             Plain::Borrowed(s) => s,
             Plain::Owned(v) => v,
@@ -432,7 +433,7 @@ pub(crate) fn encode(key: &Key, id: &blake3::Hash, mut buf: ChunkBuf, compress: 
 }
 
 /// Decodes and verifies a chunk object in place. `Err` carries the reason it is corrupt.
-pub(crate) fn decode<'a>(
+pub fn decode<'a>(
     key: &Key,
     id_hex: &str,
     expected_len: usize,

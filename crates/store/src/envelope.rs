@@ -43,7 +43,7 @@ struct EnvelopeIn<'a> {
 }
 
 /// Serialises and authenticates a manifest (whose `key_id` must be the key's).
-pub(crate) fn seal(key: &Key, manifest: &Manifest) -> Result<Vec<u8>> {
+pub fn seal(key: &Key, manifest: &Manifest) -> Result<Vec<u8>> {
     let body = serde_json::to_string(manifest)
         .map_err(|e| StoreError::Internal(format!("cannot serialise manifest: {e}")))?;
     let mac = key.mac(body.as_bytes()).to_hex().to_string();
@@ -78,7 +78,7 @@ pub(crate) fn peek_key_id(bytes: &[u8]) -> Option<String> {
 }
 
 /// Verifies and parses the manifest stored at `path` for `<workload>/<id>`.
-pub(crate) fn open(
+pub fn open(
     key: &Key,
     path: &str,
     workload: &WorkloadName,

@@ -24,10 +24,29 @@
 //!
 //! ## Deduplication
 //!
-//! A put treats the chunks listed in its workload's latest manifest (verified, same key) as
-//! present without asking the backend; for other chunks it asks (`HEAD`) and uploads only those
-//! missing. So consecutive checkpoints of one workload share unchanged chunks, and the second
-//! checkpoint of a mostly unchanged image writes only its changed regions.
+//! For every chunk a put asks the backend (`HEAD`, or the file's metadata on `file://`) whether
+//! its object exists with a size that chunk can be stored as (exactly the raw size, or a
+//! compressed ciphertext at least 1/32 smaller), and uploads it unless it does. So consecutive
+//! checkpoints of one workload share unchanged chunks, and the second checkpoint of a mostly
+//! unchanged image writes only its changed regions; a chunk deleted, truncated or replaced by a
+//! writer to the bucket is stored again rather than named by a manifest that cannot be restored.
+//!
+//! ## Bounds on what is read
+//!
+//! A reader refuses an object larger than its format allows before it reads its body (from the
+//! size the backend announces: the GET's content length, the file's size) and reads the body as
+//! a stream that stops at the bound, with [`StoreError::ObjectTooLarge`] naming the object, its
+//! size and the bound:
+//!
+//! | object | bound |
+//! |---|---|
+//! | chunk | its raw size, `15 + len + 16` for the `len` its manifest gives (at most [`chunk::MAX_CHUNK_OBJECT`]) |
+//! | manifest | [`envelope::MAX_MANIFEST_OBJECT`] (32 MiB); a put that would publish a larger one fails |
+//! | lease, GC lock | [`MAX_LEASE_OBJECT`] (64 KiB); a larger one counts as no lease |
+//!
+//! Chunk lengths in a manifest are bounded by [`stasis_core::manifest::MAX_CHUNK_LEN`] and its
+//! totals must match its files (`Manifest::validate`), so nothing a reader allocates comes from a
+//! number larger than what the bounded manifest lists.
 //!
 //! ## Garbage collection and the lease protocol
 //!
@@ -80,4 +99,4 @@ mod store;
 pub use error::{Result, StoreError};
 pub use key::Key;
 pub use progress::{NoProgress, Progress};
-pub use store::{CheckpointSummary, GcReport, Store, StoreOptions};
+pub use store::{CheckpointSummary, GcReport, Store, StoreOptions, MAX_LEASE_OBJECT};
