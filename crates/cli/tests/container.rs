@@ -411,63 +411,6 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// Mounts an overlay at `<bundle>/rootfs` over a copy of the image rootfs, as containerd's
-/// snapshotter does; unmounted on drop.
-struct Overlay {
-    merged: std::path::PathBuf,
-}
-
-impl Overlay {
-    fn over(bundle: &std::path::Path) -> Self {
-        let merged = bundle.join("rootfs");
-        let lower = bundle.join("lower");
-        std::fs::rename(&merged, &lower).unwrap();
-        // The "image" also has a directory with content, to be replaced by an opaque one.
-        std::fs::create_dir_all(lower.join("olddir")).unwrap();
-        std::fs::write(lower.join("olddir/old-file"), "from the image").unwrap();
-        for d in ["rootfs", "upper", "work"] {
-            std::fs::create_dir(bundle.join(d)).unwrap();
-        }
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            lower.display(),
-            bundle.join("upper").display(),
-            bundle.join("work").display()
-        );
-        let st = std::process::Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(&merged)
-            .status()
-            .unwrap();
-        assert!(st.success(), "cannot mount an overlay");
-        Self { merged }
-    }
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.merged)
-            .status();
-    }
-}
-
-fn xattr(path: &std::path::Path, name: &str) -> Option<String> {
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import os,sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode())",
-        ])
-        .arg(path)
-        .arg(name)
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
 #[test]
 fn overlay_rootfs_changes_are_restored_with_whiteouts_modes_owners_and_xattrs() {
     if !ready("overlay_rootfs_changes_are_restored_with_whiteouts_modes_owners_and_xattrs") {
