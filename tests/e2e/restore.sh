@@ -12,6 +12,8 @@
 #   e. declared engine version changed -> cold start, ColdStart Event naming the mismatch
 #   f. a user without the restore permission: PodRestore denied, a bare pod gets no memory
 #   g. two replicas -> each resumes its own lineage, no checkpoint restored twice
+#   s. an image symlink to a node directory, replaced by a directory in the container, then an
+#      OOM restart in place -> the node directory is intact, the workload resumes with its files
 #
 # Needs root. Prints "N passed, M failed", exits non-zero when a
 # check failed. STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up (and stasis installed);
@@ -194,6 +196,48 @@ if first_pod P1 c "$NS" oom; then
     diagnose "$NS"
   fi
 fi
+kubectl delete namespace "$NS" --wait=false >/dev/null
+
+fi
+# ------------------------------------------------------------------ s. image symlink to the node
+if want s; then
+echo "# --- s. a restore in place leaves a node directory named by an image symlink alone"
+NS=e2e-symlink
+# the counter image plus /w (0777) and /w/x -> /etc/stasis-canary; the node's /etc is the host's
+CANARY_IMAGE=$("$REPO/tests/images/counter-canary/build")
+"$CLUSTER" load-image "$REPO/target/images/counter-canary.oci.tar" >/dev/null
+mkdir -p /etc/stasis-canary && echo node >/etc/stasis-canary/keep
+COUNTER_IMAGE=$CANARY_IMAGE scenario "$NS" canary 10s 1 64
+# the pid of the pod's running counter, from runc's state on its node
+s_pid() {
+  local cid; cid=$(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}'); cid=${cid#containerd://}
+  jq -r .init_process_pid "$("$CLUSTER" node-root "$2")/run/containerd/runc/k8s.io/$cid/state.json" 2>/dev/null
+}
+if first_pod P1 s "$NS" canary; then
+  NO=$(node_of "$NS" "$P1")
+  PID=$(s_pid "$P1" "$NO")
+  # The workload's `rm /w/x; mkdir /w/x; touch /w/x/a`, in its own root (the image has no shell):
+  # overlayfs records /w/x as an opaque directory in the container's upper directory.
+  R=/proc/$PID/root
+  check "s: /w/x of $P1 (pid $PID on $NO) replaced by a directory with a file" \
+    bash -c "rm '$R/w/x' && mkdir '$R/w/x' && touch '$R/w/x/a'"
+  N0=$(ckpts "$NS" "$P1" | wc -l)
+  check "s: a heartbeat of $P1 after the change Succeeded" retry 60 n_ckpts "$NS" "$P1" $((N0 + 1))
+  check "s: SIGRTMIN to the counter (the OOM kill and restart in place of c)" kill -s RTMIN "$PID"
+  s_restarted() { [ "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1 ] && counting "$NS" "$P1"; }
+  if check "s: the container is restarted in place and counts again" retry 60 s_restarted; then
+    check "s: the node's /etc/stasis-canary/keep still exists" test -f /etc/stasis-canary/keep
+    s_in_place() { kubectl -n "$NS" get prestore -o json | jq -e --arg p "$P1" '[.items[] | select(.spec.targetPodName == $p and (.metadata.name | contains("-oom-")) and .status.phase == "Restored")] | length == 1'; }
+    check "s: it was restored in place (PodRestore Restored)" retry 30 s_in_place
+    PID2=$(s_pid "$P1" "$NO")
+    check "s: /w/x/a is in the restored container (pid $PID2)" test -f "/proc/$PID2/root/w/x/a"
+    check "s: never state=CORRUPT" not_corrupt "$NS" "$P1"
+  else
+    diagnose "$NS"
+  fi
+fi
+check "s: the node's /etc/stasis-canary/keep exists at the end" test -f /etc/stasis-canary/keep
+rm -rf /etc/stasis-canary
 kubectl delete namespace "$NS" --wait=false >/dev/null
 
 fi
