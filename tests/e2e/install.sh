@@ -138,6 +138,32 @@ check "RBAC: admin may not create podrestores (restore is never aggregated)" can
 check "RBAC: stasis-restorer may create podrestores" can create podrestores.stasis.dev e2e-restorer yes
 check "RBAC: stasis-restorer is bound in its namespace only" bash -c "[ \"\$(kubectl -n default auth can-i create podrestores.stasis.dev --as=e2e-restorer)\" = no ]"
 
+# ------------------------------------------------------------------ stasis.dev/ keys are stasis's (admission)
+# The chart's ValidatingAdmissionPolicies (the API server refuses) and the webhook (removes what a
+# pod was created with); crates/controller/tests/admission-policy.sh covers the policies in full.
+check "admission policies installed and bound" bash -c \
+  "kubectl get validatingadmissionpolicy stasis-$SNS-pods stasis-$SNS-checkpoints && kubectl get validatingadmissionpolicybinding stasis-$SNS-pods stasis-$SNS-checkpoints"
+kpod() { # name labels-json annotations-json
+  printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","labels":%s,"annotations":%s},"spec":{"runtimeClassName":"stasis","nodeSelector":{"kubernetes.io/hostname":"worker-1"},"terminationGracePeriodSeconds":2,"containers":[{"name":"app","image":"stasis.local/testapp:dev","imagePullPolicy":"Never"}]}}' "$1" "$2" "$3"
+}
+refused_as() { # fragment user command...: the API server refuses, naming fragment
+  local frag=$1 user=$2 out; shift 2
+  out=$("$@" --as="$user" 2>&1) && return 1
+  grep -qF -- "$frag" <<<"$out"
+}
+check "edit may not create a pod with stasis.dev/decision=Restore (refused by the API server)" \
+  refused_as "may not create podrestores.stasis.dev" e2e-editor bash -c "$(declare -f kpod); kpod evil '{}' '{\"stasis.dev/decision\":\"Restore\"}' | kubectl -n $NS create -f - \"\$@\"" _
+check "edit may not annotate a running pod stasis.dev/decision=Restore" \
+  refused_as "only stasis-controller" e2e-editor kubectl -n "$NS" annotate pod opted-in stasis.dev/decision=Restore --overwrite
+check "edit may set stasis.dev/cold-start" kubectl -n "$NS" annotate pod opted-in stasis.dev/cold-start=true --as=e2e-editor
+if [ $CONTROLLER_REAL = 1 ]; then
+  kpod copied '{"stasis.dev/claim-token":"0123456789abcdef0123456789abcdef","stasis.dev/system":"true"}' '{"stasis.dev/lineage":"x","stasis.dev/decision-reported":"true"}' \
+    | kubectl -n "$NS" create -f - --as=e2e-editor >/dev/null 2>&1
+  check "the webhook removes the stasis.dev/ keys a pod was created with (the label that skipped it too)" bash -c \
+    "kubectl -n $NS get pod copied -o json | jq -e '(.metadata.labels // {} | has(\"stasis.dev/system\") | not) and (.metadata.labels[\"stasis.dev/claim-token\"] // \"\") != \"0123456789abcdef0123456789abcdef\" and (.metadata.annotations[\"stasis.dev/lineage\"] // \"\") != \"x\"'"
+  kubectl -n "$NS" delete pod copied --wait=false >/dev/null 2>&1
+fi
+
 # ------------------------------------------------------------------ upgrade and rollout leave the nodes alone
 PIDS_BEFORE=$(for n in $NODES; do cat "$("$CLUSTER" node-root "$n")/run/containerd/containerd.pid"; done | tr '\n' ' ')
 CERT_BEFORE=$(kubectl -n "$SNS" get secret stasis-webhook-tls -o jsonpath='{.data.tls\.crt}' 2>/dev/null)
@@ -202,6 +228,8 @@ for n in $NODES; do
 done
 check "no stasis.dev/ labels left on the nodes (but the cluster's own stasis.dev/cluster-node)" bash -c \
   "! kubectl get nodes -o json | jq -r '.items[].metadata.labels | keys[]' | grep '^stasis.dev/' | grep -vx stasis.dev/cluster-node"
+check "no admission policies left" bash -c \
+  "! kubectl get validatingadmissionpolicy,validatingadmissionpolicybinding -o name | grep -q stasis"
 check "no stasis API objects left (CRDs, RuntimeClass, ClusterRoles, webhook, namespace)" bash -c \
   "! kubectl get crd -o name | grep -q stasis.dev && ! kubectl get runtimeclass stasis 2>/dev/null && ! kubectl get clusterrole -o name | grep -q stasis && ! kubectl get mutatingwebhookconfiguration -o name | grep -q stasis && ! kubectl get ns $SNS 2>/dev/null"
 kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1

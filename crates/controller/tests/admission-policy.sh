@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# The chart's ValidatingAdmissionPolicies (deploy/helm/stasis/templates/vap.yaml) against a real
+# kube-apiserver with RBAC: starts etcd and kube-apiserver (the binaries scripts/build-platform
+# builds into its cache) on free local ports, installs the CRDs and the policies as `helm
+# template` renders them, and checks, as users of different rights (`kubectl --as`), what the
+# API server refuses: a pod created with a restore decision by someone who may not restore, any
+# change of stasis.dev/ keys of a pod or checkpoint by anyone but stasis.
+#
+# Exit 0: all checks pass. Exit 1: a check failed. Exit 77: skipped (binaries not built yet) —
+# printed, never silent.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
+apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
+kubectl="$(ls -d "$cache"/kubernetes-v*/bin/kubectl 2>/dev/null | sort -V | tail -1 || true)"
+etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
+helm="$(ls -d "$cache"/helm-v*/bin/helm 2>/dev/null | sort -V | tail -1 || command -v helm || true)"
+[[ -n "$kubectl" ]] || kubectl="$(command -v kubectl || true)"
+if [[ -z "$apiserver" || -z "$etcd" || -z "$helm" || -z "$kubectl" ]] || ! command -v openssl >/dev/null; then
+    echo "SKIP admission-policy: needs kube-apiserver, etcd, kubectl and helm under $cache (scripts/build-platform builds them) and openssl"
+    exit 77
+fi
+kubectl() { "$kubectl" "$@"; }
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
+
+openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
+echo "admintoken,admin,admin,system:masters" >"$work/tokens.csv"
+"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    >"$work/etcd.log" 2>&1 &
+pids+=($!)
+"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
+    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
+    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
+    >"$work/apiserver.log" 2>&1 &
+pids+=($!)
+
+cat >"$work/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
+users: [{name: a, user: {token: admintoken}}]
+contexts: [{name: t, context: {cluster: t, user: a, namespace: prod}}]
+current-context: t
+EOF
+export KUBECONFIG="$work/kubeconfig"
+
+for _ in $(seq 120); do
+    kubectl get --raw /readyz >/dev/null 2>&1 && break
+    sleep 0.5
+done
+if ! kubectl get --raw /readyz >/dev/null 2>&1; then
+    echo "FAIL admission-policy: kube-apiserver did not become ready; its log:" >&2
+    tail -20 "$work/apiserver.log" >&2
+    exit 1
+fi
+
+failures=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
+# allowed WHAT COMMAND...: the API server accepts; refused WHAT FRAGMENT COMMAND...: it refuses,
+# naming FRAGMENT.
+allowed() {
+    local what="$1" out; shift
+    if out="$("$@" 2>&1)"; then pass "$what"; else fail "$what: refused: $out"; fi
+}
+refused() {
+    local what="$1" frag="$2" out; shift 2
+    if out="$("$@" 2>&1)"; then
+        fail "$what: accepted"
+    elif grep -qF -- "$frag" <<<"$out"; then
+        pass "$what"
+    else
+        fail "$what: refused without \"$frag\": $out"
+    fi
+}
+
+SNS=stasis-system
+CTRL="system:serviceaccount:$SNS:stasis-controller"
+AGENT="system:serviceaccount:$SNS:stasis-agent"
+RSC="system:serviceaccount:kube-system:replicaset-controller"
+kubectl api-resources --api-group=admissionregistration.k8s.io -o name | grep -qx validatingadmissionpolicies.admissionregistration.k8s.io \
+    && pass "ValidatingAdmissionPolicy is served ($(basename "$(dirname "$(dirname "$apiserver")")"))" \
+    || fail "no validatingadmissionpolicies in admissionregistration.k8s.io"
+
+kubectl apply --server-side -f "$root/deploy/helm/stasis/crds/stasis.dev.yaml" >/dev/null
+kubectl wait --for condition=established --timeout=30s crd/podcheckpoints.stasis.dev crd/podrestores.stasis.dev >/dev/null
+kubectl create namespace prod >/dev/null
+kubectl -n prod create serviceaccount default >/dev/null
+# alice: what `edit` gives for pods and checkpoints; bob: alice and the restore permission; the
+# controllers: what they need for these calls.
+kubectl apply -f - >/dev/null <<'EOF'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: t-pods}
+rules:
+  - {apiGroups: [""], resources: [pods], verbs: [get, list, create, update, patch, delete]}
+  - {apiGroups: [stasis.dev], resources: [podcheckpoints], verbs: [get, list, create, update, patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: t-restorer}
+rules:
+  - {apiGroups: [stasis.dev], resources: [podrestores], verbs: [get, list, create, update, patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: t-pods}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: t-pods}
+subjects:
+  - {apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}
+  - {apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}
+  - {kind: ServiceAccount, name: replicaset-controller, namespace: kube-system}
+  - {kind: ServiceAccount, name: stasis-controller, namespace: stasis-system}
+  - {kind: ServiceAccount, name: stasis-agent, namespace: stasis-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: t-restorer, namespace: prod}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: t-restorer}
+subjects:
+  - {apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}
+  - {kind: ServiceAccount, name: stasis-controller, namespace: stasis-system}
+EOF
+
+"$helm" template stasis "$root/deploy/helm/stasis" -n "$SNS" --show-only templates/vap.yaml >"$work/vap.yaml"
+if out="$(kubectl apply -f "$work/vap.yaml" 2>&1)"; then pass "the chart's policies are accepted"; else fail "policies: $out"; fi
+
+pod() { # name annotations-json [labels-json]
+    printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","annotations":%s,"labels":%s},"spec":{"containers":[{"name":"c","image":"i"}]}}' \
+        "$1" "$2" "${3:-{\}}"
+}
+create() { local as="$1"; shift; pod "$@" | kubectl --as="$as" -n prod create -f - >/dev/null; }
+
+# The policies take effect once the API server has compiled them: wait for the first refusal.
+for _ in $(seq 60); do
+    if ! create alice probe '{"stasis.dev/decision":"Restore"}' 2>/dev/null; then break; fi
+    kubectl -n prod delete pod probe --wait=false >/dev/null 2>&1 || true
+    sleep 0.5
+done
+kubectl get validatingadmissionpolicy -o jsonpath='{range .items[*]}{.metadata.name}: {.status.typeChecking}{"\n"}{end}' | grep -i warning \
+    && fail "type-check warnings in the policies" || pass "policies type-check without warnings"
+
+# (a) creating a pod with a restore decision
+refused "a pod created with decision=Restore by a user who may not restore" "may not create podrestores.stasis.dev in namespace prod" \
+    create alice evil1 '{"stasis.dev/decision":"Restore"}'
+refused "a pod created with restore-from by a user who may not restore" "may not create podrestores" \
+    create alice evil2 '{"stasis.dev/restore-from":"prod_deploy_web.aa/x"}'
+allowed "a pod created with decision=Restore by a user who may restore" create bob restored1 '{"stasis.dev/decision":"Restore"}'
+allowed "a pod created with decision=Restore by the ReplicaSet controller" create "$RSC" restored2 '{"stasis.dev/decision":"Restore"}'
+allowed "a pod created with decision=ColdStart, cold-start and other keys" \
+    create alice plain '{"stasis.dev/decision":"ColdStart","stasis.dev/cold-start":"true","a":"b"}' '{"app":"web"}'
+
+# (b) changing stasis.dev/ keys of an existing pod
+refused "a user adds decision=Restore to a pod" "only stasis-controller" \
+    kubectl --as=alice -n prod annotate pod plain stasis.dev/decision=Restore --overwrite
+refused "a user removes the decision annotation the pod was created with" "only stasis-controller" \
+    kubectl --as=alice -n prod annotate pod plain stasis.dev/decision-
+refused "a user adds a claim-token label" "only stasis-controller" \
+    kubectl --as=alice -n prod label pod plain stasis.dev/claim-token=T
+refused "a user who may restore adds decision=Restore to a pod" "only stasis-controller" \
+    kubectl --as=bob -n prod annotate pod plain stasis.dev/decision=Restore --overwrite
+allowed "stasis-controller labels and annotates a pod" \
+    kubectl --as="$CTRL" -n prod label pod plain stasis.dev/claim-token=T
+allowed "stasis-controller marks the decision reported" \
+    kubectl --as="$CTRL" -n prod annotate pod plain stasis.dev/decision-reported=true
+refused "a user changes the claim-token label stasis set" "only stasis-controller" \
+    kubectl --as=alice -n prod label pod plain stasis.dev/claim-token=U --overwrite
+refused "a user removes the decision-reported annotation stasis set" "only stasis-controller" \
+    kubectl --as=alice -n prod annotate pod plain stasis.dev/decision-reported-
+allowed "a user sets and removes stasis.dev/cold-start" bash -c \
+    "$kubectl --as=alice -n prod annotate pod plain stasis.dev/cold-start=false --overwrite >/dev/null && $kubectl --as=alice -n prod annotate pod plain stasis.dev/cold-start-"
+allowed "a user changes other labels of a pod carrying stasis's keys" \
+    kubectl --as=alice -n prod label pod plain app=api --overwrite
+refused "the agent may not change a pod's stasis keys" "only stasis-controller" \
+    kubectl --as="$AGENT" -n prod annotate pod plain stasis.dev/generation=9
+
+# (c) PodCheckpoints and PodRestores
+ckpt() { # name annotations-json
+    printf '{"apiVersion":"stasis.dev/v1alpha1","kind":"PodCheckpoint","metadata":{"name":"%s","annotations":%s},"spec":{"sourcePodName":"plain","reason":"Manual"}}' "$1" "$2"
+}
+allowed "a user asks for a checkpoint" bash -c "$(declare -f ckpt); ckpt c1 '{}' | $kubectl --as=alice -n prod create -f - >/dev/null"
+refused "a user's checkpoint naming a lineage and generation" "only stasis-controller and stasis-agent" \
+    bash -c "$(declare -f ckpt); ckpt c2 '{\"stasis.dev/lineage\":\"prod_deploy_web.aa\",\"stasis.dev/generation\":\"7\"}' | $kubectl --as=alice -n prod create -f -"
+allowed "stasis-controller's checkpoint with its stamp" \
+    bash -c "$(declare -f ckpt); ckpt c3 '{\"stasis.dev/lineage\":\"prod_deploy_web.aa\"}' | $kubectl --as=$CTRL -n prod create -f - >/dev/null"
+refused "a user restamps a checkpoint" "only stasis-controller and stasis-agent" \
+    kubectl --as=alice -n prod annotate podcheckpoint c3 stasis.dev/lineage=prod_deploy_api.bb --overwrite
+allowed "the agent labels a checkpoint" kubectl --as="$AGENT" -n prod label podcheckpoint c1 stasis.dev/node=w1
+refused "a user marks a restore accounted" "only stasis-controller and stasis-agent" \
+    bash -c "printf '{\"apiVersion\":\"stasis.dev/v1alpha1\",\"kind\":\"PodRestore\",\"metadata\":{\"name\":\"r1\",\"annotations\":{\"stasis.dev/accounted\":\"true\"}},\"spec\":{\"checkpointRef\":\"l/c\",\"targetPodName\":\"plain\"}}' | $kubectl --as=bob -n prod create -f -"
+
+if ((failures)); then
+    echo "admission-policy: $failures check(s) failed" >&2
+    exit 1
+fi
+echo "admission-policy: all checks passed"

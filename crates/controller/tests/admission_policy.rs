@@ -1,0 +1,52 @@
+//! The chart's ValidatingAdmissionPolicies against a real kube-apiserver with RBAC:
+//! `tests/admission-policy.sh` does the work (etcd + kube-apiserver from scripts/build-platform's
+//! cache, `kubectl --as`); this test runs it so the integration tier covers it. Skipped,
+//! visibly, when the binaries are not built yet.
+
+use std::process::Command;
+
+#[test]
+fn admission_policies_against_a_real_apiserver() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/admission-policy.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("run tests/admission-policy.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    match out.status.code() {
+        Some(0) => {}
+        Some(77) => eprintln!("skipped: {}", stdout.trim()),
+        other => panic!("admission-policy.sh failed ({other:?}):\n{stdout}\n{stderr}"),
+    }
+}
+
+/// The policy exempts exactly the built-in controllers the webhook trusts
+/// (`stasis_core::decision::WORKLOAD_CONTROLLERS`): one list, kept equal.
+#[test]
+fn the_policy_names_the_workload_controllers_the_webhook_trusts() {
+    let vap = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/helm/stasis/templates/vap.yaml"
+    ))
+    .expect("read the chart's vap.yaml");
+    let mut expected: Vec<String> = stasis_core::decision::WORKLOAD_CONTROLLERS
+        .iter()
+        .map(|(_, sa)| format!("'system:serviceaccount:kube-system:{sa}'"))
+        .collect();
+    expected.push(format!(
+        "'{}'",
+        stasis_core::decision::CONTROLLER_MANAGER_USER
+    ));
+    for user in &expected {
+        assert!(vap.contains(user.as_str()), "vap.yaml lacks {user}");
+    }
+    let named = vap.matches("'system:serviceaccount:kube-system:").count();
+    assert_eq!(
+        named,
+        stasis_core::decision::WORKLOAD_CONTROLLERS.len(),
+        "vap.yaml names other kube-system accounts"
+    );
+}
