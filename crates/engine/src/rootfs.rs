@@ -764,6 +764,34 @@ mod tests {
     }
 
     #[test]
+    fn members_under_an_image_symlink_inside_the_rootfs_follow_it_there() {
+        let (_t, outside, fresh, image) = confinement_world();
+        std::fs::create_dir_all(fresh.join("usr/lib")).unwrap();
+        std::fs::create_dir_all(fresh.join("run")).unwrap();
+        std::os::unix::fs::symlink("usr/lib", fresh.join("lib")).unwrap();
+        std::fs::create_dir_all(fresh.join("var")).unwrap();
+        std::os::unix::fs::symlink("/run", fresh.join("var/run")).unwrap();
+        let mut a = Crafted::new(&image);
+        a.file("./lib/foo", "in usr/lib");
+        a.file("./var/run/pid", "in /run of the rootfs");
+        a.done();
+        apply(&image, RootfsMethod::OverlayUpper, &fresh).unwrap();
+        assert_outside_intact(&outside);
+        assert_eq!(
+            std::fs::read_to_string(fresh.join("usr/lib/foo")).unwrap(),
+            "in usr/lib"
+        );
+        assert_eq!(
+            std::fs::read_to_string(fresh.join("run/pid")).unwrap(),
+            "in /run of the rootfs"
+        );
+        assert!(std::fs::symlink_metadata(fresh.join("var/run"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+    }
+
+    #[test]
     fn device_nodes_are_refused_naming_the_entry() {
         for (ty, dev, name) in [
             (tar::EntryType::Char, (1, 3), "./dev-null"),

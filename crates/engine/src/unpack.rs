@@ -320,21 +320,28 @@ fn in_root() -> ResolveFlags {
     ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV
 }
 
+/// Opening a directory that must not itself be a symlink.
 fn dir_flags() -> OFlags {
     OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW
+}
+
+/// Opening a parent directory: a symlink as its last component is followed like the others
+/// (inside the root, by [`in_root`]), as the container would follow it.
+fn parent_flags() -> OFlags {
+    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC
 }
 
 fn join(path: &[OsString]) -> PathBuf {
     path.iter().collect()
 }
 
-/// Opens the directory `path` (components) of the target; with `create`, missing directories
-/// are made (mode 0755, as tar does for parents it was not given).
+/// Opens the directory `path` (components) of the target, resolved inside it; with `create`,
+/// missing directories are made (mode 0755, as tar does for parents it was not given).
 fn open_dir(root: &OwnedFd, path: &[OsString], create: bool) -> Result<OwnedFd, Errno> {
     if path.is_empty() {
         return rustix::fs::openat(root, ".", dir_flags(), Mode::empty());
     }
-    match rustix::fs::openat2(root, join(path), dir_flags(), Mode::empty(), in_root()) {
+    match rustix::fs::openat2(root, join(path), parent_flags(), Mode::empty(), in_root()) {
         Err(Errno::NOENT) if create => {}
         r => return r,
     }
@@ -344,7 +351,7 @@ fn open_dir(root: &OwnedFd, path: &[OsString], create: bool) -> Result<OwnedFd, 
         match rustix::fs::openat2(
             root,
             join(&path[..=i]),
-            dir_flags(),
+            parent_flags(),
             Mode::empty(),
             in_root(),
         ) {
@@ -554,7 +561,22 @@ impl Checked {
             }
         }
         for m in dirs.iter().rev() {
-            let r = open_dir(&root, &m.path, false).and_then(|fd| set_meta(&fd, m));
+            let r = match m.path.split_last() {
+                None => set_meta(&root, m),
+                Some((name, parent)) => match open_dir(&root, parent, false).and_then(|p| {
+                    rustix::fs::openat2(
+                        &p,
+                        name,
+                        dir_flags(),
+                        Mode::empty(),
+                        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+                    )
+                }) {
+                    // Replaced or deleted by a later entry: nothing to set.
+                    Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => Ok(()),
+                    r => r.and_then(|fd| set_meta(&fd, m)),
+                },
+            };
             r.map_err(|e| {
                 refuse(
                     &self.archive,
