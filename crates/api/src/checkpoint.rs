@@ -12,6 +12,10 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The largest `timeoutSeconds` the CRD accepts (the schema's `maximum`; the agent clamps to it
+/// as well, for objects created before the schema said so).
+pub const MAX_TIMEOUT_SECONDS: i32 = 3600;
+
 /// Which pod to checkpoint and why. Immutable once created.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -51,9 +55,10 @@ pub struct PodCheckpointSpec {
     #[serde(default)]
     pub reason: CheckpointReason,
     /// Upper bound on the whole checkpoint (freeze, dump, upload); the agent's default when
-    /// absent or 0. A termination checkpoint is also bounded by the grace period left.
+    /// absent or 0. A termination checkpoint is also bounded by the grace period left. At most
+    /// 3600 (one hour): a checkpoint holds its node's checkpoint worker while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = 3600))]
     pub timeout_seconds: Option<i32>,
 }
 

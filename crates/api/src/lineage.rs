@@ -23,6 +23,14 @@ pub const RECORD_KEY: &str = "lineage.json";
 pub const RECORD_LABEL: &str = "stasis.dev/lineage-record";
 /// Annotation on a lineage record ConfigMap holding the lineage id (readable).
 pub const RECORD_ID_ANNOTATION: &str = "stasis.dev/lineage";
+/// Label on a lineage record ConfigMap: the UID of the pod that holds the lineage, set by the
+/// controller when it registers the pod (its first sight of it). The agent stamps a pod's
+/// checkpoints with the lineage and generation of the record carrying the pod's UID here (and the
+/// pod's namespace in [`RECORD_NAMESPACE_LABEL`]), never with anything the pod itself says.
+pub const HOLDER_UID_LABEL: &str = "stasis.dev/holder-uid";
+/// Label on a lineage record ConfigMap: the namespace of its workload (records of one namespace
+/// are counted and listed with it).
+pub const RECORD_NAMESPACE_LABEL: &str = "stasis.dev/namespace";
 /// Prefix of the labels/annotations that declare engine and model versions.
 pub const DECLARE_PREFIX: &str = "declare.stasis.dev/";
 

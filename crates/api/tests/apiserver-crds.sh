@@ -120,6 +120,12 @@ kind: PodCheckpoint
 metadata: {name: c2}
 spec: {sourcePodName: counter-abc, reason: Whim}
 EOF
+refuses "PodCheckpoint timeoutSeconds above an hour" "less than or equal to 3600" <<'EOF'
+apiVersion: stasis.dev/v1alpha1
+kind: PodCheckpoint
+metadata: {name: c3}
+spec: {sourcePodName: counter-abc, timeoutSeconds: 3601}
+EOF
 if out="$(kubectl patch podcheckpoint c1 --type merge -p '{"spec":{"sourcePodName":"other"}}' 2>&1)"; then
     fail "PodCheckpoint spec is immutable: patch accepted"
 else

@@ -127,6 +127,14 @@ pub struct RunArgs {
     /// A pending or running checkpoint without progress for this long is marked failed.
     #[arg(long, default_value_t = 900)]
     pub checkpoint_timeout_seconds: u64,
+    /// At most this many lineage records per workload namespace: past it no new lineage is
+    /// started (the pod runs without checkpoints, with a Warning Event).
+    #[arg(long, env = "STASIS_MAX_RECORDS_PER_NAMESPACE", default_value_t = crate::record::DEFAULT_MAX_RECORDS_PER_NAMESPACE)]
+    pub max_records_per_namespace: usize,
+    /// An orphaned lineage without checkpoints whose pod is gone is deleted this many seconds
+    /// after it was orphaned.
+    #[arg(long, default_value_t = 600)]
+    pub collect_records_after_seconds: u64,
     /// Store URL for deleting manifests by retention (`s3://bucket/prefix`, `file:///dir`;
     /// S3 credentials from the usual AWS_* variables). Without it only the CRs are deleted.
     #[arg(long, env = "STASIS_STORE_URL")]
@@ -220,7 +228,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         };
         let hook = Arc::new(Webhook {
             client: client.clone(),
-            records: Records::new(client.clone(), &namespace),
+            records: Records::new(client.clone(), &namespace).with_cap(a.max_records_per_namespace),
             metrics: metrics.clone(),
             cfg: WebhookConfig {
                 runtime_class: a.runtime_class.clone(),
@@ -270,6 +278,8 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
             in_flight_timeout: Duration::from_secs(a.checkpoint_timeout_seconds),
             phantom_after: Duration::from_secs(a.phantom_after_seconds),
             sweep_every: Duration::from_secs(15),
+            collect_records_after: Duration::from_secs(a.collect_records_after_seconds),
+            max_records_per_namespace: a.max_records_per_namespace,
         },
         store,
     };

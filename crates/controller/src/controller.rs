@@ -50,6 +50,11 @@ pub struct ControllerConfig {
     pub phantom_after: Duration,
     /// How often the lineage records are swept.
     pub sweep_every: Duration,
+    /// An orphaned lineage without checkpoints whose pod is gone is deleted this long after it
+    /// was orphaned.
+    pub collect_records_after: Duration,
+    /// At most this many lineage records per workload namespace.
+    pub max_records_per_namespace: usize,
 }
 
 /// Shared state of the reconcilers.
@@ -79,10 +84,23 @@ impl Context {
             .collect()
     }
 
-    fn record_held_by(&self, token: &str) -> Option<Record> {
+    /// The record of `namespace` whose registered holder is the pod `uid` (the held one first,
+    /// then the newest generation: a stopping pod still owns its orphaned lineage until a
+    /// replacement claims it).
+    fn record_of_holder(&self, namespace: &str, uid: &str) -> Option<Record> {
         self.all_records()
             .into_iter()
-            .find(|r| r.holder_token() == Some(token))
+            .filter(|r| r.held_by(namespace, uid))
+            .max_by_key(|r| (!r.lineage.orphaned, r.lineage.generation))
+    }
+
+    /// The record of `namespace` whose holder token is `token` (held or orphaned): a token is
+    /// only ever looked up in the pod's own namespace.
+    fn record_with_token(&self, namespace: &str, token: &str) -> Option<Record> {
+        self.all_records()
+            .into_iter()
+            .filter(|r| r.namespace == namespace && r.lineage.holder.as_deref() == Some(token))
+            .max_by_key(|r| (!r.lineage.orphaned, r.lineage.generation))
     }
 
     async fn event(
@@ -130,39 +148,61 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     )
     .cloned();
 
-    // The pod's lineage record: the one its token holds (registering the pod on first sight).
-    let mut record = token.as_deref().and_then(|t| ctx.record_held_by(t));
-    if let (None, Some(t)) = (&record, token.as_deref()) {
-        // The record cache may lag behind the webhook's write (two watch streams): ask the API
-        // server before concluding the pod holds nothing.
-        if let Some(workload) = workload_of(&pod) {
-            record = ctx
-                .records
-                .of_workload(&workload)
-                .await?
-                .into_iter()
-                .find(|r| r.holder_token() == Some(t));
-        }
+    if uid.is_empty() {
+        return Ok(Action::await_change());
     }
-    if let Some(r) = record.as_mut() {
-        let h = r.holder.get_or_insert_with(|| Holder {
-            token: token.clone().unwrap_or_default(),
-            claimed_unix_ms: now_ms(),
-            ..Default::default()
-        });
-        if h.uid.is_none() {
-            h.uid = Some(uid.clone());
-            h.pod = Some(pod.name_any());
-            *r = ctx.records.save(r).await?;
+
+    // The pod's lineage record: the one of its namespace that names its UID as holder, else the
+    // one its claim token holds, which it then registers as the first pod seen with the token.
+    let mut record = ctx.record_of_holder(&ns, &uid);
+    if let (None, Some(t)) = (&record, token.as_deref()) {
+        let mut found = ctx.record_with_token(&ns, t);
+        if found.is_none() {
+            // The record cache may lag behind the webhook's write (two watch streams): ask the
+            // API server before concluding the pod holds nothing.
+            if let Some(workload) = workload_of(&pod) {
+                found = ctx
+                    .records
+                    .of_workload(&workload)
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.namespace == ns && r.lineage.holder.as_deref() == Some(t))
+                    .max_by_key(|r| (!r.lineage.orphaned, r.lineage.generation));
+            }
+        }
+        match found {
+            Some(r) if r.held_by(&ns, &uid) => record = Some(r),
+            Some(mut r) if r.registrable_by(&ns, t) => {
+                // Registration is a write at the version read: of two pods carrying the token,
+                // only the first one seen becomes the holder (the other meets a conflict, then
+                // a registered holder that is not itself).
+                let h = r.holder.get_or_insert_with(|| Holder {
+                    token: t.to_owned(),
+                    claimed_unix_ms: now_ms(),
+                    ..Default::default()
+                });
+                h.uid = Some(uid.clone());
+                h.pod = Some(pod.name_any());
+                record = Some(ctx.records.save(&r).await?);
+            }
+            Some(r) if r.holder_uid().is_some() => return impostor(&pod, &r, &ctx).await,
+            // A released claim (its pod appeared too late): the pod holds nothing; below it
+            // starts its own lineage like a pod the webhook never saw.
+            _ => {}
         }
     }
 
-    // A decision made at admission becomes a PodRestore (restore) or an Event (cold start).
+    // A decision made at admission becomes a PodRestore (restore) or an Event (cold start),
+    // only for the registered holder and only from what its record says.
     let annotations = pod.annotations();
-    if let Some(decision) = annotations.get(DECISION_ANNOTATION) {
-        if !annotations.contains_key(REPORTED_ANNOTATION) {
-            report_decision(&pod, decision, record.as_ref(), &ctx).await?;
-        }
+    let restore_decided = record
+        .as_ref()
+        .and_then(|r| r.holder.as_ref())
+        .is_some_and(|h| h.restore.is_some());
+    if (annotations.contains_key(DECISION_ANNOTATION) || restore_decided)
+        && !annotations.contains_key(REPORTED_ANNOTATION)
+    {
+        report_decision(&pod, record.as_ref(), &ctx).await?;
     }
 
     // A stopping or ended pod orphans its lineage (and its final checkpoint is waited for).
@@ -194,10 +234,61 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     // A running pod the webhook never saw (installed later, or the webhook was down): its own
     // new lineage, held by its UID.
     let record = match record {
+        Some(r) if r.lineage.orphaned => return Ok(Action::await_change()),
         Some(r) => r,
-        None => start_lineage(&pod, &ctx).await?,
+        None => match start_lineage(&pod, &ctx).await {
+            Ok(r) => r,
+            Err(Error::RecordCap { namespace, cap }) => {
+                tracing::warn!(pod = %pod.name_any(), %namespace, cap, "no new lineage: the namespace has the most lineage records allowed");
+                ctx.event(
+                    &pod.object_ref(&()),
+                    EventType::Warning,
+                    "CheckpointSkipped",
+                    format!("no checkpoints for this pod: namespace {namespace} already has {cap} lineage records, the most stasis keeps per namespace"),
+                )
+                .await;
+                return Ok(Action::requeue(Duration::from_secs(600)));
+            }
+            Err(e) => return Err(e),
+        },
     };
     heartbeat(&pod, &policy, &record, &ctx).await
+}
+
+/// A pod that carries the claim token of a lineage whose registered holder is another pod (a
+/// copied label): it holds nothing. It gets a Warning Event once (then the decision is marked
+/// reported, so its wait container, if any, stops waiting), never a `PodRestore`, and the
+/// real holder's lineage is left alone.
+async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Action> {
+    if pod.annotations().contains_key(REPORTED_ANNOTATION) {
+        return Ok(Action::await_change());
+    }
+    let ns = pod.namespace().unwrap_or_default();
+    let holder = r
+        .holder
+        .as_ref()
+        .and_then(|h| h.pod.clone())
+        .unwrap_or_default();
+    ctx.metrics.refused("ClaimTokenCopied");
+    tracing::warn!(pod = %pod.name_any(), namespace = %ns, holder = %holder, lineage = %r.lineage.id, "a pod carries another pod's claim token: ignored");
+    ctx.event(
+        &pod.object_ref(&()),
+        EventType::Warning,
+        "ClaimRefused",
+        format!(
+            "label {CLAIM_TOKEN_ANNOTATION} of this pod is the claim of pod {holder}: this pod holds no lineage, is not restored and gets no checkpoints"
+        ),
+    )
+    .await;
+    let patch = json!({"metadata": {"annotations": {REPORTED_ANNOTATION: "true"}}});
+    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(Action::await_change())
 }
 
 /// A new lineage for a running pod without one; the pod is labelled and annotated with it.
@@ -246,19 +337,25 @@ async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
 }
 
 /// Turns the webhook's decision into a `PodRestore` or a `ColdStart` Event, once.
-async fn report_decision(
-    pod: &Pod,
-    decision: &str,
-    record: Option<&Record>,
-    ctx: &Context,
-) -> Result<()> {
+async fn report_decision(pod: &Pod, record: Option<&Record>, ctx: &Context) -> Result<()> {
     let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let oref = pod.object_ref(&());
     let annotations = pod.annotations();
+    // Only what the record says counts: annotations can be copied, the record cannot. The
+    // caller passes only a record this pod is the registered holder of.
+    let restore = record
+        .and_then(|r| r.holder.as_ref())
+        .is_some_and(|h| h.restore.is_some());
+    let decision = if restore {
+        "Restore"
+    } else {
+        annotations
+            .get(DECISION_ANNOTATION)
+            .map_or("ColdStart", String::as_str)
+    };
     match decision {
         "Restore" => {
-            // Only what the record says counts: annotations can be copied, the record cannot.
             let holder = record.and_then(|r| r.holder.as_ref().map(|h| (r, h)));
             match holder.and_then(|(r, h)| h.restore.clone().map(|c| (r, h, c))) {
                 Some((r, h, checkpoint_ref)) => {
@@ -464,18 +561,82 @@ async fn heartbeat(
     }
 }
 
-/// The lineage and generation of a checkpoint (status first, then the annotations set at
-/// creation).
+/// The lineage and generation of a checkpoint, as the agent that took it wrote them into its
+/// status (the status subresource; the agent takes them from the lineage record that names the
+/// source pod as holder). Annotations and labels of a `PodCheckpoint` are never read: anyone
+/// who may create one may set them.
 fn checkpoint_lineage(c: &PodCheckpoint) -> Option<(String, u64)> {
-    let s = c.status.as_ref();
-    let lineage = s
-        .and_then(|s| s.lineage.clone())
-        .or_else(|| c.annotations().get(LINEAGE_ANNOTATION).cloned())?;
-    let generation = s
-        .and_then(|s| s.generation)
-        .and_then(|g| u64::try_from(g).ok())
-        .or_else(|| c.annotations().get(GENERATION_ANNOTATION)?.parse().ok())?;
+    let s = c.status.as_ref()?;
+    let lineage = s.lineage.clone()?;
+    let generation = s.generation.and_then(|g| u64::try_from(g).ok())?;
     Some((lineage, generation))
+}
+
+/// The source pod's UID as the agent found it (status), else as the spec pins it.
+fn checkpoint_source_uid(c: &PodCheckpoint) -> Option<String> {
+    c.status
+        .as_ref()
+        .and_then(|s| s.source_pod_uid.clone())
+        .or_else(|| c.spec.source_pod_uid.clone())
+}
+
+/// Why an object in `namespace` naming a checkpoint of its source pod `source_uid` must not
+/// touch the lineage record `r` (`None`: it may). The label is the metric's reason.
+fn foreign(
+    r: &Record,
+    namespace: &str,
+    source_uid: Option<&str>,
+) -> Option<(&'static str, String)> {
+    if r.namespace != namespace {
+        return Some((
+            "OtherNamespace",
+            format!(
+                "lineage {} belongs to another namespace than {namespace}",
+                r.lineage.id
+            ),
+        ));
+    }
+    if let Some(uid) = source_uid {
+        if !r.held_by(namespace, uid) {
+            return Some((
+                "NotHolder",
+                format!(
+                    "source pod (UID {uid}) is not the holder of lineage {}",
+                    r.lineage.id
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Marks a checkpoint `Failed` with `Ready=False/<reason>` and the message.
+async fn fail_checkpoint(
+    ck: &PodCheckpoint,
+    reason: &str,
+    message: String,
+    ctx: &Context,
+) -> Result<()> {
+    let ns = ck.namespace().unwrap_or_default();
+    let mut status: PodCheckpointStatus = ck.status.clone().unwrap_or_default();
+    status.phase = Some(CheckpointPhase::Failed);
+    set_condition(
+        &mut status.conditions,
+        condition::READY,
+        false,
+        reason,
+        message,
+        None,
+        k8s_time(now_ms()),
+    );
+    Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns)
+        .patch_status(
+            &ck.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    Ok(())
 }
 
 /// `PodCheckpoint`s: a succeeded one is published into its lineage (or fenced), then retention
@@ -485,7 +646,6 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
     let ns = ck.namespace().unwrap_or_default();
     let name = ck.name_any();
     let view = CheckpointView::of(&ck);
-    let api = Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns);
     let now = now_ms();
     if view.in_flight() {
         let age = now.saturating_sub(view.created_unix_ms);
@@ -500,24 +660,14 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
                 timeout - age + 1_000,
             )));
         }
-        let mut status = ck.status.clone().unwrap_or_default();
-        status.phase = Some(CheckpointPhase::Failed);
-        set_condition(
-            &mut status.conditions,
-            condition::READY,
-            false,
+        fail_checkpoint(
+            &ck,
             reason::CHECKPOINT_FAILED,
             format!(
                 "no progress in {}s (is the node's agent running?)",
                 timeout / 1000
             ),
-            None,
-            k8s_time(now),
-        );
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
+            &ctx,
         )
         .await?;
         return Ok(Action::await_change());
@@ -526,9 +676,12 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
         return Ok(Action::await_change());
     };
     let phase = view.phase;
+    let source_uid = checkpoint_source_uid(&ck);
     if phase == Some(CheckpointPhase::Failed) && ck.spec.reason == CheckpointReason::Termination {
         if let Some(mut r) = ctx.records.get(&lineage_id).await? {
-            if r.lineage.final_deadline_unix_ms.is_some() {
+            if foreign(&r, &ns, source_uid.as_deref()).is_none()
+                && r.lineage.final_deadline_unix_ms.is_some()
+            {
                 r.lineage.end_final();
                 ctx.records.save(&r).await?;
             }
@@ -550,6 +703,30 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
     let Some(mut r) = ctx.records.get(&lineage_id).await? else {
         return Ok(Action::await_change());
     };
+    // Only the holder's own checkpoints, in its own namespace, enter a lineage: anything else
+    // changes nothing and deletes nothing.
+    let reference_lineage = reference.rsplit_once('/').map(|(l, _)| l);
+    let why = foreign(&r, &ns, source_uid.as_deref()).or_else(|| {
+        if source_uid.is_none() {
+            Some((
+                "NotHolder",
+                "checkpoint without a source pod UID".to_owned(),
+            ))
+        } else if reference_lineage != Some(lineage_id.as_str()) {
+            Some((
+                "LineageMismatch",
+                format!("checkpointRef {reference} is not of lineage {lineage_id}"),
+            ))
+        } else {
+            None
+        }
+    });
+    if let Some((label, message)) = why {
+        ctx.metrics.refused(label);
+        tracing::warn!(checkpoint = %name, namespace = %ns, %message, "checkpoint refused");
+        fail_checkpoint(&ck, reason::FENCED, message, &ctx).await?;
+        return Ok(Action::await_change());
+    }
     if r.lineage.checkpoints.iter().any(|c| c.id == id) {
         return Ok(Action::await_change());
     }
@@ -565,27 +742,11 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
     }) {
         Ok(()) => {
             let r = ctx.records.save(&r).await?;
-            apply_retention(r, &ck, &ctx).await?;
+            apply_retention(r, &ctx).await?;
         }
         Err(fenced) => {
             ctx.metrics.checkpoints_fenced.inc();
-            let mut status: PodCheckpointStatus = ck.status.clone().unwrap_or_default();
-            status.phase = Some(CheckpointPhase::Failed);
-            set_condition(
-                &mut status.conditions,
-                condition::READY,
-                false,
-                reason::FENCED,
-                fenced.to_string(),
-                None,
-                k8s_time(now),
-            );
-            api.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await?;
+            fail_checkpoint(&ck, reason::FENCED, fenced.to_string(), &ctx).await?;
             tracing::warn!(checkpoint = %name, namespace = %ns, error = %fenced, "fenced");
         }
     }
@@ -605,7 +766,18 @@ async fn note_final_in_flight(
     let Some(mut r) = ctx.records.get(&lineage_id).await? else {
         return Ok(());
     };
-    let secs = u64::try_from(ck.spec.timeout_seconds.unwrap_or(30).max(1)).unwrap_or(30);
+    let ns = ck.namespace().unwrap_or_default();
+    let source_uid = checkpoint_source_uid(ck);
+    if source_uid.is_none() || foreign(&r, &ns, source_uid.as_deref()).is_some() {
+        return Ok(());
+    }
+    let secs = u64::try_from(
+        ck.spec
+            .timeout_seconds
+            .unwrap_or(30)
+            .clamp(1, stasis_api::checkpoint::MAX_TIMEOUT_SECONDS),
+    )
+    .unwrap_or(30);
     let deadline = created_unix_ms + secs * 1000 + 5_000;
     if r.lineage.final_deadline_unix_ms.is_some()
         || generation != r.lineage.generation
@@ -621,23 +793,23 @@ async fn note_final_in_flight(
 /// Retention of one lineage under the checkpoint's policy: drops the ids from the record first
 /// (so no restore picks them), then deletes their `PodCheckpoint`s and, with a store, their
 /// manifests (chunks go with the store's garbage collection).
-async fn apply_retention(mut r: Record, ck: &PodCheckpoint, ctx: &Context) -> Result<()> {
+async fn apply_retention(mut r: Record, ctx: &Context) -> Result<()> {
     let ns = r.namespace.clone();
     let policies = ctx.policies.state();
-    let policy = ck
-        .labels()
-        .get("stasis.dev/policy")
-        .and_then(|p| {
-            policies
-                .iter()
-                .find(|x| x.namespace().as_deref() == Some(&ns) && &x.name_any() == p)
-        })
+    // The policy that selects the lineage's holder pod (by the record's namespace and the
+    // policies' selectors), else the namespace's only policy, else the defaults.
+    let holder = r
+        .holder_uid()
+        .and_then(|uid| ctx.pods.find(|p| p.metadata.uid.as_deref() == Some(uid)))
+        .filter(|p| p.namespace().as_deref() == Some(&ns));
+    let policy = holder
+        .and_then(|p| policy_for(policies.iter().map(|x| x.as_ref()), &ns, p.labels()).cloned())
         .or_else(|| {
             let in_ns: Vec<_> = policies
                 .iter()
                 .filter(|x| x.namespace().as_deref() == Some(&ns))
                 .collect();
-            (in_ns.len() == 1).then(|| in_ns[0])
+            (in_ns.len() == 1).then(|| (**in_ns[0]).clone())
         });
     let retention_spec = policy.map(|p| p.spec.retention.clone()).unwrap_or_default();
     let max_age = retention_spec
@@ -736,9 +908,38 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
     else {
         return Ok(Action::await_change());
     };
+    let ns = pr.namespace().unwrap_or_default();
     let Some(mut r) = ctx.records.get(&lineage_id).await? else {
         return Ok(Action::await_change());
     };
+    // A restore only counts for a lineage of its own namespace, and only when it restores a
+    // checkpoint of the lineage it names.
+    if let Some((label, why)) = restore_mismatch(&pr, &r) {
+        ctx.metrics.refused(label);
+        tracing::warn!(restore = %pr.name_any(), namespace = %ns, %why, "restore not counted");
+        if matches!(phase, None | Some(RestorePhase::Pending)) {
+            let mut status = pr.status.clone().unwrap_or_default();
+            status.phase = Some(RestorePhase::Failed);
+            status.message = Some(why.clone());
+            set_condition(
+                &mut status.conditions,
+                condition::READY,
+                false,
+                "Refused",
+                why,
+                None,
+                k8s_time(now_ms()),
+            );
+            Api::<PodRestore>::namespaced(ctx.client.clone(), &ns)
+                .patch_status(
+                    &pr.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await?;
+        }
+        return Ok(Action::await_change());
+    }
     match phase {
         Some(RestorePhase::Restored) => r.lineage.record_restore_success(),
         Some(RestorePhase::Failed) | Some(RestorePhase::ColdStart) => {
@@ -749,7 +950,6 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         _ => return Ok(Action::await_change()),
     }
     ctx.records.save(&r).await?;
-    let ns = pr.namespace().unwrap_or_default();
     Api::<PodRestore>::namespaced(ctx.client.clone(), &ns)
         .patch(
             &pr.name_any(),
@@ -758,6 +958,30 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         )
         .await?;
     Ok(Action::await_change())
+}
+
+/// Why a `PodRestore` must not touch the record of the lineage it names (`None`: it may): the
+/// lineage is of another namespace, or its `checkpointRef` is not a checkpoint of that lineage.
+fn restore_mismatch(pr: &PodRestore, r: &Record) -> Option<(&'static str, String)> {
+    let ns = pr.namespace().unwrap_or_default();
+    let named = pr.spec.lineage.as_deref().unwrap_or_default();
+    if r.namespace != ns {
+        return Some((
+            "OtherNamespace",
+            format!("lineage {named} belongs to another namespace than {ns}"),
+        ));
+    }
+    let of_ref = pr.spec.checkpoint_ref.rsplit_once('/').map(|(l, _)| l);
+    if of_ref != Some(named) {
+        return Some((
+            "LineageMismatch",
+            format!(
+                "checkpointRef {} is not a checkpoint of lineage {named}",
+                pr.spec.checkpoint_ref
+            ),
+        ));
+    }
+    None
 }
 
 /// `CheckpointPolicy` status: `Ready` (`Active`) or refused (`InvalidSpec`), with the number of
@@ -835,15 +1059,16 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
         .collect();
     let now = now_ms();
     for mut r in ctx.all_records() {
-        if r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none() {
-            continue;
-        }
         let ns = r.namespace.clone();
         let in_ns: Vec<Pod> = pods
             .iter()
             .filter(|p| p.namespace().as_deref() == Some(&ns))
             .cloned()
             .collect();
+        if r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none() {
+            collect(r, &in_ns, now, ctx).await?;
+            continue;
+        }
         let on_termination = true;
         let (state, _) = holder_state(&r, &in_ns, &checkpoints, on_termination);
         if refresh(
@@ -859,6 +1084,37 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sweep's garbage collection of one orphaned record ([`crate::record::collectable`]);
+/// a record orphaned before the time was recorded gets it now.
+async fn collect(mut r: Record, in_ns: &[Pod], now: u64, ctx: &Context) -> Result<()> {
+    if r.orphaned_unix_ms.is_none() {
+        r.orphaned_unix_ms = Some(now);
+        return match ctx.records.save(&r).await {
+            Ok(_) | Err(Error::Conflict(_)) => Ok(()),
+            Err(e) => Err(e),
+        };
+    }
+    let holder_uid = r.holder_uid().map(str::to_owned);
+    let token = r.lineage.holder.clone();
+    let holder_exists = in_ns.iter().any(|p| {
+        (holder_uid.is_some() && p.metadata.uid == holder_uid)
+            || (token.is_some() && p.labels().get(CLAIM_TOKEN_ANNOTATION) == token.as_ref())
+    });
+    let grace = ctx.cfg.collect_records_after.as_millis() as u64;
+    if !crate::record::collectable(&r, holder_exists, now, grace) {
+        return Ok(());
+    }
+    match ctx.records.delete(&r).await {
+        Ok(()) => {
+            ctx.metrics.records_collected.inc();
+            tracing::info!(lineage = %r.lineage.id, namespace = %r.namespace, "lineage record deleted: orphaned, empty, its pod gone");
+            Ok(())
+        }
+        Err(Error::Conflict(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 fn drain<T, E: std::fmt::Display>(
@@ -920,7 +1176,8 @@ pub async fn run(setup: Setup) -> Result<()> {
     .for_each(|_| futures::future::ready(()));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        records: Records::new(client.clone(), &setup.namespace),
+        records: Records::new(client.clone(), &setup.namespace)
+            .with_cap(setup.cfg.max_records_per_namespace),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -1101,6 +1358,8 @@ mod tests {
                 in_flight_timeout: Duration::from_secs(900),
                 phantom_after: Duration::from_secs(120),
                 sweep_every: Duration::from_secs(15),
+                collect_records_after: Duration::from_secs(600),
+                max_records_per_namespace: 1000,
             },
             policies: store_of(vec![policy]),
             checkpoints: store_of(checkpoints),
@@ -1110,6 +1369,466 @@ mod tests {
             skips: Mutex::new(HashMap::new()),
             store: None,
         })
+    }
+
+    /// A context over the given records, pods and policies (every other cache empty).
+    fn context_with(
+        client: Client,
+        checkpoints: Vec<PodCheckpoint>,
+        records: Vec<Record>,
+        pods: Vec<Pod>,
+        policies: Vec<CheckpointPolicy>,
+    ) -> Arc<Context> {
+        let base = context(client, checkpoints);
+        Arc::new(Context {
+            client: base.client.clone(),
+            records: base.records.clone(),
+            recorder: Recorder::new(
+                base.client.clone(),
+                Reporter {
+                    controller: MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            metrics: Metrics::default(),
+            cfg: base.cfg.clone(),
+            policies: store_of(policies),
+            checkpoints: base.checkpoints.clone(),
+            restores: store_of(vec![]),
+            record_maps: store_of(records.iter().map(|r| r.to_config_map().unwrap()).collect()),
+            pods: store_of(pods),
+            skips: Mutex::new(HashMap::new()),
+            store: None,
+        })
+    }
+
+    /// Record `R` of namespace `ns`, lineage `<ns>_deploy_counter.aaaaaaaa` at generation 2,
+    /// held by pod `counter-a` (UID `uid-1`, token `tok`), with a restore decided for it.
+    fn record_of_a(ns: &str) -> Record {
+        let w = WorkloadName::new(format!("{ns}_deploy_counter")).unwrap();
+        let mut lineage = Lineage::start(&w, "aaaaaaaa", &[]);
+        lineage.holder = Some("tok".into());
+        lineage.generation = 2;
+        let mut r = Record::new(
+            ns,
+            lineage,
+            Some(Holder {
+                token: "tok".into(),
+                claimed_unix_ms: 1,
+                pod: Some("counter-a".into()),
+                uid: Some("uid-1".into()),
+                restore: Some(format!(
+                    "{ns}_deploy_counter.aaaaaaaa/{}",
+                    CheckpointId::from_parts(1_700_000_000_000, 1)
+                )),
+                source_pod: Some("counter-old".into()),
+            }),
+        );
+        r.resource_version = Some("5".into());
+        r
+    }
+
+    fn writes(seen: &Seen) -> Vec<(String, String, serde_json::Value)> {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _, _)| m != "GET")
+            .cloned()
+            .collect()
+    }
+
+    /// Review H1: pod B carries the claim token of record R, held by pod A's UID, and asks for
+    /// a restore: no PodRestore, R untouched (not orphaned), a Warning Event on B.
+    #[tokio::test]
+    async fn a_copied_claim_token_restores_nothing_and_orphans_nothing() {
+        let (client, seen) = routed_client(vec![]);
+        let r = record_of_a("prod");
+        let mut b = running_pod("2026-01-01T00:00:00Z");
+        b.metadata.name = Some("evil".into());
+        b.metadata.uid = Some("uid-b".into());
+        b.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(DECISION_ANNOTATION.into(), "Restore".into());
+        let ctx = context_with(client, vec![], vec![r.clone()], vec![], vec![]);
+        reconcile_pod(Arc::new(b), ctx.clone()).await.unwrap();
+        let w = writes(&seen);
+        assert!(
+            !w.iter().any(|(_, p, _)| p.contains("podrestores")),
+            "no PodRestore: {w:#?}"
+        );
+        assert!(
+            !w.iter().any(|(_, p, _)| p.contains("configmaps")),
+            "the holder's record is not written (not orphaned): {w:#?}"
+        );
+        let event = w
+            .iter()
+            .find(|(_, p, _)| p.ends_with("/events"))
+            .expect("a Warning Event");
+        assert_eq!(event.2["reason"], "ClaimRefused");
+        assert_eq!(event.2["type"], "Warning");
+        assert_eq!(event.2["regarding"]["name"], "evil");
+        assert!(
+            event.2["note"].as_str().unwrap().contains("counter-a"),
+            "{event:?}"
+        );
+        // Marked handled (its wait container, if any, stops waiting), once.
+        assert!(w.iter().any(|(m, p, b)| m == "PATCH"
+            && p == "/api/v1/namespaces/prod/pods/evil"
+            && b["metadata"]["annotations"][REPORTED_ANNOTATION] == "true"));
+        let text = ctx.metrics.encode();
+        assert!(
+            text.contains("stasis_controller_refused_total{reason=\"ClaimTokenCopied\"} 1"),
+            "{text}"
+        );
+    }
+
+    /// The same token in another namespace is not even looked at: a pod of namespace `dev`
+    /// with the token of a `prod` record gets nothing of it.
+    #[tokio::test]
+    async fn a_claim_token_counts_only_in_its_namespace() {
+        let mut r = record_of_a("prod");
+        r.holder.as_mut().unwrap().uid = None; // not registered yet: the token alone decides
+                                               // The API server's list (the fallback when the cache lags) has the prod record too.
+        let (client, seen) = routed_client(vec![(
+            "/api/v1/namespaces/stasis/configmaps".into(),
+            json!({"apiVersion": "v1", "kind": "ConfigMapList", "metadata": {},
+                   "items": [serde_json::to_value(r.to_config_map().unwrap()).unwrap()]}),
+        )]);
+        let mut b = running_pod("2026-01-01T00:00:00Z");
+        b.metadata.namespace = Some("dev".into());
+        b.metadata.uid = Some("uid-b".into());
+        let ctx = context_with(client, vec![], vec![r], vec![], vec![]);
+        reconcile_pod(Arc::new(b), ctx).await.unwrap();
+        let w = writes(&seen);
+        assert!(
+            !w.iter()
+                .any(|(_, p, _)| p.contains("configmaps") || p.contains("podrestores")),
+            "{w:#?}"
+        );
+    }
+
+    /// The first pod seen with an unregistered token becomes the holder (a write at the version
+    /// read, with its UID: the agents' stamp comes from that label).
+    #[tokio::test]
+    async fn the_first_pod_with_the_token_is_registered_as_holder() {
+        let (client, seen) = routed_client(vec![]);
+        let mut r = record_of_a("prod");
+        r.holder.as_mut().unwrap().uid = None;
+        r.holder.as_mut().unwrap().restore = None;
+        let a = running_pod("2026-01-01T00:00:00Z");
+        let ctx = context_with(client, vec![], vec![r.clone()], vec![], vec![]);
+        reconcile_pod(Arc::new(a), ctx).await.unwrap();
+        let w = writes(&seen);
+        let put = w
+            .iter()
+            .find(|(m, p, _)| m == "PUT" && p.ends_with(&r.name()))
+            .expect("registration");
+        assert_eq!(put.2["metadata"]["resourceVersion"], "5");
+        assert_eq!(
+            put.2["metadata"]["labels"][stasis_api::lineage::HOLDER_UID_LABEL],
+            "uid-1"
+        );
+        let saved =
+            Record::from_config_map(&serde_json::from_value(put.2.clone()).unwrap()).unwrap();
+        assert_eq!(saved.holder_uid(), Some("uid-1"));
+        assert!(!saved.lineage.orphaned);
+    }
+
+    /// The registered holder still gets its restore from the record.
+    #[tokio::test]
+    async fn the_holder_gets_the_restore_its_record_says() {
+        let (client, seen) = routed_client(vec![(
+            "/apis/stasis.dev/v1alpha1/namespaces/prod/podrestores/counter-a/status".into(),
+            json!({"apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
+                   "metadata": {"name": "counter-a", "namespace": "prod"},
+                   "spec": {"checkpointRef": "x/y", "targetPodName": "counter-a"}}),
+        )]);
+        let r = record_of_a("prod");
+        let mut a = running_pod("2026-01-01T00:00:00Z");
+        a.metadata.name = Some("counter-a".into());
+        let ctx = context_with(client, vec![], vec![r.clone()], vec![], vec![]);
+        reconcile_pod(Arc::new(a), ctx).await.unwrap();
+        let w = writes(&seen);
+        let created = w
+            .iter()
+            .find(|(m, p, _)| m == "POST" && p.ends_with("/podrestores"))
+            .expect("a PodRestore");
+        assert_eq!(
+            created.2["spec"]["checkpointRef"],
+            r.holder.as_ref().unwrap().restore.clone().unwrap()
+        );
+        assert_eq!(created.2["spec"]["targetPodUID"], "uid-1");
+    }
+
+    fn succeeded_in(
+        ns: &str,
+        name: &str,
+        lineage: &str,
+        id: &CheckpointId,
+        source_uid: &str,
+    ) -> PodCheckpoint {
+        let mut c = succeeded(name, lineage, id, 2);
+        c.metadata.namespace = Some(ns.into());
+        c.spec.source_pod_uid = Some(source_uid.into());
+        c.status.as_mut().unwrap().source_pod_uid = Some(source_uid.into());
+        c
+    }
+
+    /// Review H3: a checkpoint of namespace `a` naming a lineage of namespace `b` (or written by
+    /// a pod that is not the holder) changes no record and deletes nothing; it ends `Failed`.
+    #[tokio::test]
+    async fn a_checkpoint_into_a_foreign_lineage_changes_nothing() {
+        let r = record_of_a("b");
+        let l = r.lineage.id.as_str().to_owned();
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
+        let id = CheckpointId::from_parts(1_700_000_100_000, 7);
+        for (ns, uid, why) in [
+            ("a", "uid-1", "another namespace"),
+            ("b", "uid-evil", "not the holder"),
+        ] {
+            let (client, seen) = routed_client(vec![(
+                cm_path.clone(),
+                serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+            )]);
+            let ck = succeeded_in(ns, "inject", &l, &id, uid);
+            let ctx = context_with(client, vec![ck.clone()], vec![r.clone()], vec![], vec![]);
+            reconcile_checkpoint(Arc::new(ck), ctx.clone())
+                .await
+                .unwrap();
+            let w = writes(&seen);
+            assert_eq!(w.len(), 1, "{why}: only the status: {w:#?}");
+            assert_eq!(
+                w[0].1,
+                format!("/apis/stasis.dev/v1alpha1/namespaces/{ns}/podcheckpoints/inject/status")
+            );
+            assert_eq!(w[0].2["status"]["phase"], "Failed");
+            let message = w[0].2["status"]["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            assert!(message.contains(why), "{message}");
+        }
+    }
+
+    /// A termination checkpoint of another namespace's pod does not hold that lineage's claims
+    /// back.
+    #[tokio::test]
+    async fn a_foreign_termination_checkpoint_sets_no_final_wait() {
+        let r = record_of_a("b");
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
+        let (client, seen) = routed_client(vec![(
+            cm_path,
+            serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+        )]);
+        let fin: PodCheckpoint = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": "p-final-1", "namespace": "a",
+                         "creationTimestamp": crate::k8s_time(now_ms()).0.to_string()},
+            "spec": {"sourcePodName": "p", "sourcePodUID": "uid-1", "reason": "Termination", "timeoutSeconds": 2000000000},
+            "status": {"phase": "Running", "lineage": r.lineage.id.as_str(), "generation": 2}
+        }))
+        .unwrap();
+        let ctx = context_with(client, vec![fin.clone()], vec![r], vec![], vec![]);
+        reconcile_checkpoint(Arc::new(fin), ctx).await.unwrap();
+        assert!(writes(&seen).is_empty(), "{:#?}", writes(&seen));
+    }
+
+    /// A restore outcome counts only for a lineage of the restore's namespace whose checkpoint
+    /// it restored; otherwise the record is untouched and a pending restore fails, saying why.
+    #[tokio::test]
+    async fn a_restore_naming_a_foreign_lineage_is_refused() {
+        let r = record_of_a("prod");
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
+        let l = r.lineage.id.as_str().to_owned();
+        for (ns, reference, phase, why) in [
+            ("evil", format!("{l}/x"), "Failed", "another namespace"),
+            (
+                "prod",
+                "prod_pod_other.bbbbbbbb/20261129T083000.123Z-1a2b3c4d".to_owned(),
+                "Failed",
+                "is not a checkpoint of lineage",
+            ),
+            (
+                "prod",
+                "prod_pod_other.bbbbbbbb/20261129T083000.123Z-1a2b3c4d".to_owned(),
+                "Pending",
+                "is not a checkpoint of lineage",
+            ),
+        ] {
+            let (client, seen) = routed_client(vec![(
+                cm_path.clone(),
+                serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+            )]);
+            let pr: PodRestore = serde_json::from_value(json!({
+                "apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
+                "metadata": {"name": "t", "namespace": ns},
+                "spec": {"checkpointRef": reference, "targetPodName": "t", "lineage": l},
+                "status": {"phase": phase, "message": "cold start: fetch failed: boom"}
+            }))
+            .unwrap();
+            let ctx = context_with(client, vec![], vec![r.clone()], vec![], vec![]);
+            reconcile_restore(Arc::new(pr), ctx).await.unwrap();
+            let w = writes(&seen);
+            assert!(
+                !w.iter().any(|(_, p, _)| p.contains("configmaps")),
+                "{why}: {w:#?}"
+            );
+            if phase == "Pending" {
+                assert_eq!(w.len(), 1, "{w:#?}");
+                assert_eq!(w[0].2["status"]["phase"], "Failed");
+                assert!(w[0].2["status"]["message"].as_str().unwrap().contains(why));
+            }
+        }
+    }
+
+    /// Retention follows the policy that selects the holder pod, not a label on the checkpoint.
+    #[tokio::test]
+    async fn retention_ignores_a_policy_label_set_by_the_user() {
+        let mut r = record_of_a("prod");
+        let l = r.lineage.id.clone();
+        let ids: Vec<CheckpointId> = (1..=3u64)
+            .map(|i| CheckpointId::from_parts(1_700_000_000_000 + i * 10_000, i as u32))
+            .collect();
+        for id in &ids[..2] {
+            r.lineage
+                .publish(LineageCheckpoint {
+                    id: id.clone(),
+                    generation: 2,
+                    created_unix_ms: 1,
+                })
+                .unwrap();
+        }
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
+        let (client, seen) = routed_client(vec![(
+            cm_path,
+            serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+        )]);
+        let policy = |name: &str, app: &str, keep: u32| -> CheckpointPolicy {
+            serde_json::from_value(json!({
+                "apiVersion": "stasis.dev/v1alpha1", "kind": "CheckpointPolicy",
+                "metadata": {"name": name, "namespace": "prod"},
+                "spec": {"selector": {"matchLabels": {"app": app}}, "interval": "10s",
+                         "retention": {"keepLast": keep}}
+            }))
+            .unwrap()
+        };
+        let mut ck = succeeded_in("prod", "ck-3", l.as_str(), &ids[2], "uid-1");
+        ck.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("stasis.dev/policy".into(), "aaa-keep-one".into());
+        let holder = running_pod("2026-01-01T00:00:00Z");
+        let ctx = context_with(
+            client,
+            vec![ck.clone()],
+            vec![r],
+            vec![holder],
+            vec![
+                policy("aaa-keep-one", "other", 1),
+                policy("counter", "counter", 3),
+            ],
+        );
+        reconcile_checkpoint(Arc::new(ck), ctx.clone())
+            .await
+            .unwrap();
+        let w = writes(&seen);
+        assert_eq!(w.len(), 1, "published, nothing deleted: {w:#?}");
+        assert_eq!(ctx.metrics.checkpoints_deleted.get(), 0);
+    }
+
+    /// The sweep deletes an orphaned, empty record whose pod is gone, once the grace period
+    /// has passed since it was orphaned, at the version it read; never one with checkpoints,
+    /// one whose pod is still there, or one orphaned recently.
+    #[tokio::test]
+    async fn the_sweep_collects_empty_orphaned_records_of_gone_pods() {
+        let now = now_ms();
+        let mk = |token: &str, orphaned_ago_s: u64, with_checkpoint: bool| {
+            let w = WorkloadName::new(format!("prod_pod_{token}")).unwrap();
+            let mut l = Lineage::start(&w, token, &[]);
+            if with_checkpoint {
+                l.publish(LineageCheckpoint {
+                    id: CheckpointId::from_parts(1_700_000_000_000, 1),
+                    generation: 1,
+                    created_unix_ms: 1,
+                })
+                .unwrap();
+            }
+            l.orphan();
+            let mut r = Record::new(
+                "prod",
+                l,
+                Some(Holder {
+                    token: token.into(),
+                    claimed_unix_ms: 1,
+                    uid: Some(format!("uid-{token}")),
+                    ..Default::default()
+                }),
+            );
+            r.orphaned_unix_ms = Some(now - orphaned_ago_s * 1000);
+            r.resource_version = Some("7".into());
+            r
+        };
+        let gone = mk("aaaaaaaa", 3600, false);
+        let kept = mk("bbbbbbbb", 3600, true);
+        let recent = mk("cccccccc", 60, false);
+        let alive = mk("dddddddd", 3600, false);
+        let mut pod = running_pod("2026-01-01T00:00:00Z");
+        pod.metadata.uid = Some("uid-dddddddd".into());
+        pod.status.as_mut().unwrap().phase = Some("Failed".into());
+        let (client, seen) = routed_client(vec![]);
+        let ctx = context_with(
+            client,
+            vec![],
+            vec![gone.clone(), kept, recent, alive],
+            vec![pod],
+            vec![],
+        );
+        sweep(&ctx).await.unwrap();
+        let w = writes(&seen);
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert_eq!(w[0].0, "DELETE");
+        assert_eq!(
+            w[0].1,
+            format!("/api/v1/namespaces/stasis/configmaps/{}", gone.name())
+        );
+        assert_eq!(w[0].2["preconditions"]["resourceVersion"], "7");
+        assert_eq!(ctx.metrics.records_collected.get(), 1);
+    }
+
+    /// A namespace at its cap of records gets no new one: the create is refused before it is
+    /// sent, naming the namespace and the cap.
+    #[tokio::test]
+    async fn records_are_capped_per_namespace() {
+        let items: Vec<serde_json::Value> = (0..2)
+            .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("lineage-{i}")}}))
+            .collect();
+        let (client, seen) = routed_client(vec![(
+            "/api/v1/namespaces/stasis/configmaps".into(),
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": items}),
+        )]);
+        let records = Records::new(client, "stasis").with_cap(2);
+        let w = WorkloadName::new("prod_pod_x").unwrap();
+        let r = Record::new("prod", Lineage::start(&w, "aaaaaaaa", &[]), None);
+        let err = records.save(&r).await.unwrap_err();
+        assert!(matches!(&err, Error::RecordCap { namespace, cap: 2 } if namespace == "prod"));
+        assert!(err
+            .to_string()
+            .contains("namespace prod has 2 lineage records"));
+        assert!(writes(&seen).is_empty());
+        // Under the cap, the create goes out.
+        let (client, seen) = routed_client(vec![(
+            "/api/v1/namespaces/stasis/configmaps".into(),
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": []}),
+        )]);
+        Records::new(client, "stasis")
+            .with_cap(2)
+            .save(&r)
+            .await
+            .unwrap();
+        assert_eq!(writes(&seen).len(), 1);
     }
 
     #[tokio::test]
@@ -1183,13 +1902,22 @@ mod tests {
                         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
                     ),
                     "PATCH" => {
-                        // A status patch answers with the whole object; these tests only
-                        // need it to parse.
+                        // A patch answers with the whole object; these tests only need it to
+                        // parse as the patched kind.
                         let mut v = v;
-                        v["apiVersion"] = json!("stasis.dev/v1alpha1");
-                        v["kind"] = json!("PodCheckpoint");
                         v["metadata"] = json!({"name": "x", "namespace": "prod"});
-                        v["spec"] = json!({"sourcePodName": "p"});
+                        if path.contains("/podrestores/") {
+                            v["apiVersion"] = json!("stasis.dev/v1alpha1");
+                            v["kind"] = json!("PodRestore");
+                            v["spec"] = json!({"checkpointRef": "x/y", "targetPodName": "x"});
+                        } else if path.contains("/pods/") {
+                            v["apiVersion"] = json!("v1");
+                            v["kind"] = json!("Pod");
+                        } else {
+                            v["apiVersion"] = json!("stasis.dev/v1alpha1");
+                            v["kind"] = json!("PodCheckpoint");
+                            v["spec"] = json!({"sourcePodName": "p"});
+                        }
                         (200, v)
                     }
                     _ => {
@@ -1237,7 +1965,7 @@ mod tests {
                 })
                 .unwrap();
         }
-        let mut record = Record::new("prod", lineage.clone(), None);
+        let mut record = Record::new("prod", lineage.clone(), holder_uid_1());
         record.resource_version = Some("9".into());
         let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
         let (client, seen) = routed_client(vec![(
@@ -1321,7 +2049,7 @@ mod tests {
         let w = WorkloadName::new("prod_deploy_counter").unwrap();
         let mut lineage = Lineage::start(&w, "tok", &[]);
         lineage.generation = 3;
-        let mut record = Record::new("prod", lineage.clone(), None);
+        let mut record = Record::new("prod", lineage.clone(), holder_uid_1());
         record.resource_version = Some("9".into());
         let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
         let (client, seen) = routed_client(vec![(
@@ -1354,7 +2082,7 @@ mod tests {
     async fn a_running_termination_checkpoint_holds_claims_back() {
         let w = WorkloadName::new("prod_deploy_counter").unwrap();
         let lineage = Lineage::start(&w, "tok", &[]);
-        let mut record = Record::new("prod", lineage.clone(), None);
+        let mut record = Record::new("prod", lineage.clone(), holder_uid_1());
         record.resource_version = Some("9".into());
         let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
         let (client, seen) = routed_client(vec![(
@@ -1411,8 +2139,19 @@ mod tests {
         assert_eq!(failure_signature(&"x".repeat(200)).len(), 80);
     }
 
+    /// The holder of the stand-in records: pod `p` (UID `uid-1`) registered by the controller.
+    fn holder_uid_1() -> Option<Holder> {
+        Some(Holder {
+            token: "tok".into(),
+            claimed_unix_ms: 1,
+            pod: Some("p".into()),
+            uid: Some("uid-1".into()),
+            ..Default::default()
+        })
+    }
+
     #[test]
-    fn checkpoint_lineage_from_status_or_annotations() {
+    fn checkpoint_lineage_from_status_only() {
         let mut c: PodCheckpoint = serde_json::from_value(json!({
             "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
             "metadata": {"name": "c", "namespace": "n",
@@ -1420,7 +2159,8 @@ mod tests {
             "spec": {"sourcePodName": "p"}
         }))
         .unwrap();
-        assert_eq!(checkpoint_lineage(&c), Some(("l.1".into(), 2)));
+        // Annotations are anyone's to set: never read.
+        assert_eq!(checkpoint_lineage(&c), None);
         c.status = Some(PodCheckpointStatus {
             lineage: Some("l.2".into()),
             generation: Some(5),

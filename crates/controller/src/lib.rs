@@ -50,6 +50,9 @@ pub enum Error {
     /// A JSON value could not be (de)serialised.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// A namespace has as many lineage records as `--max-records-per-namespace` allows.
+    #[error("namespace {namespace} has {cap} lineage records, the most allowed (--max-records-per-namespace): no new lineage is started; the sweep deletes those of workloads that are gone and hold no checkpoints")]
+    RecordCap { namespace: String, cap: usize },
     /// An object lacks a field the controller needs.
     #[error("{0}")]
     Missing(&'static str),
@@ -65,6 +68,7 @@ impl Error {
             Error::Store(_) => "store",
             Error::Json(_) => "json",
             Error::Missing(_) => "missing",
+            Error::RecordCap { .. } => "record_cap",
         }
     }
 }

@@ -50,6 +50,11 @@ pub struct Metrics {
     pub admissions: Family<DecisionLabels, Counter>,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
+    /// Objects refused because they named a lineage they do not hold, by reason
+    /// (`ClaimTokenCopied`, `OtherNamespace`, `NotHolder`, `LineageMismatch`).
+    pub refused: Family<ReasonLabel, Counter>,
+    /// Lineage records deleted by the sweep (workload gone, no checkpoints).
+    pub records_collected: Counter,
 }
 
 impl Default for Metrics {
@@ -65,6 +70,8 @@ impl Default for Metrics {
             checkpoints_deleted: Counter::default(),
             admissions: Family::default(),
             leader: Gauge::default(),
+            refused: Family::default(),
+            records_collected: Counter::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register("reconcile_errors", "Reconcile errors", m.errors.clone());
@@ -94,6 +101,16 @@ impl Default for Metrics {
             m.admissions.clone(),
         );
         registry.register("leader", "1 while this replica leads", m.leader.clone());
+        registry.register(
+            "refused",
+            "Pods, checkpoints and restores refused for naming a lineage they do not hold",
+            m.refused.clone(),
+        );
+        registry.register(
+            "records_collected",
+            "Lineage records deleted by the sweep",
+            m.records_collected.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..m
@@ -123,6 +140,14 @@ impl Metrics {
         self.admissions
             .get_or_create(&DecisionLabels {
                 decision: decision.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn refused(&self, reason: &str) {
+        self.refused
+            .get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
             })
             .inc();

@@ -19,7 +19,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
-use stasis_api::lineage::{record_name, RECORD_ID_ANNOTATION, RECORD_KEY, RECORD_LABEL};
+use stasis_api::lineage::{
+    record_name, HOLDER_UID_LABEL, RECORD_ID_ANNOTATION, RECORD_KEY, RECORD_LABEL,
+    RECORD_NAMESPACE_LABEL,
+};
 use stasis_core::lineage::Lineage;
 use stasis_core::reference::WorkloadName;
 
@@ -60,7 +63,13 @@ pub struct Record {
     pub lineage: Lineage,
     pub holder: Option<Holder>,
     pub resource_version: Option<String>,
+    /// When the lineage was last orphaned or released (Unix ms; ConfigMap annotation
+    /// [`ORPHANED_ANNOTATION`]): the sweep deletes an empty lineage a while after it.
+    pub orphaned_unix_ms: Option<u64>,
 }
+
+/// Annotation on a lineage record ConfigMap: when the lineage was last orphaned (Unix ms).
+pub const ORPHANED_ANNOTATION: &str = "stasis.dev/orphaned-since";
 
 impl Record {
     /// A record not stored yet.
@@ -70,6 +79,7 @@ impl Record {
             lineage,
             holder,
             resource_version: None,
+            orphaned_unix_ms: None,
         }
     }
 
@@ -86,23 +96,39 @@ impl Record {
             data.insert(HOLDER_KEY.to_owned(), serde_json::to_string(h)?);
         }
         let workload = self.lineage.workload.as_str();
+        let mut labels = BTreeMap::from([
+            (RECORD_LABEL.to_owned(), "true".to_owned()),
+            (WORKLOAD_LABEL.to_owned(), short_hash(workload)),
+            (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+            // A namespace name is a valid label value (≤ 63, DNS label).
+            (RECORD_NAMESPACE_LABEL.to_owned(), self.namespace.clone()),
+        ]);
+        // What the agents stamp a pod's checkpoints from: only a registered holder (a UID the
+        // controller saw on the pod itself) has one.
+        if let Some(uid) = self.holder_uid() {
+            labels.insert(HOLDER_UID_LABEL.to_owned(), uid.to_owned());
+        }
         Ok(ConfigMap {
             metadata: ObjectMeta {
                 name: Some(self.name()),
                 resource_version: self.resource_version.clone(),
-                labels: Some(BTreeMap::from([
-                    (RECORD_LABEL.to_owned(), "true".to_owned()),
-                    (WORKLOAD_LABEL.to_owned(), short_hash(workload)),
-                    (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
-                ])),
-                annotations: Some(BTreeMap::from([
-                    (
-                        RECORD_ID_ANNOTATION.to_owned(),
-                        self.lineage.id.as_str().to_owned(),
-                    ),
-                    (WORKLOAD_ANNOTATION.to_owned(), workload.to_owned()),
-                    (NAMESPACE_ANNOTATION.to_owned(), self.namespace.clone()),
-                ])),
+                labels: Some(labels),
+                annotations: Some(
+                    [
+                        (
+                            RECORD_ID_ANNOTATION.to_owned(),
+                            self.lineage.id.as_str().to_owned(),
+                        ),
+                        (WORKLOAD_ANNOTATION.to_owned(), workload.to_owned()),
+                        (NAMESPACE_ANNOTATION.to_owned(), self.namespace.clone()),
+                    ]
+                    .into_iter()
+                    .chain(
+                        self.orphaned_unix_ms
+                            .map(|t| (ORPHANED_ANNOTATION.to_owned(), t.to_string())),
+                    )
+                    .collect(),
+                ),
                 ..Default::default()
             },
             data: Some(data),
@@ -145,11 +171,18 @@ impl Record {
                     .unwrap_or_default()
                     .to_owned()
             });
+        let orphaned_unix_ms = cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ORPHANED_ANNOTATION))
+            .and_then(|t| t.parse().ok());
         Ok(Self {
             namespace,
             lineage,
             holder,
             resource_version: cm.metadata.resource_version.clone(),
+            orphaned_unix_ms,
         })
     }
 
@@ -159,18 +192,83 @@ impl Record {
             .then_some(self.lineage.holder.as_deref())
             .flatten()
     }
+
+    /// The UID of the pod registered as holder (held or last held), once the controller saw it.
+    pub fn holder_uid(&self) -> Option<&str> {
+        self.holder.as_ref().and_then(|h| h.uid.as_deref())
+    }
+
+    /// Whether `pod` (by namespace and UID) is this record's holder: the record is of the pod's
+    /// namespace and names the pod's UID as holder. A claim not registered yet (no UID) is held
+    /// by nobody in particular: see [`Record::registrable_by`].
+    pub fn held_by(&self, namespace: &str, uid: &str) -> bool {
+        !uid.is_empty() && self.namespace == namespace && self.holder_uid() == Some(uid)
+    }
+
+    /// Whether a pod (namespace, UID, claim token) may be registered as this record's holder:
+    /// same namespace, the record still held under that token, and no pod registered yet. The
+    /// registration itself is a write at the read resourceVersion, so only the first pod seen
+    /// with the token becomes the holder; any later one is an impostor.
+    pub fn registrable_by(&self, namespace: &str, token: &str) -> bool {
+        self.namespace == namespace
+            && self.holder_token() == Some(token)
+            && self.holder_uid().is_none()
+    }
 }
 
 /// The lineage records in stasis's namespace.
 #[derive(Clone)]
 pub struct Records {
     api: Api<ConfigMap>,
+    /// At most this many records per workload namespace (`None`: no limit).
+    cap: Option<usize>,
 }
+
+/// Default of `--max-records-per-namespace`: far above what the workloads of one namespace
+/// legitimately keep (one record per replica and per generation of replacements until the sweep
+/// collects the empty ones), far below what would strain etcd.
+pub const DEFAULT_MAX_RECORDS_PER_NAMESPACE: usize = 1000;
 
 impl Records {
     pub fn new(client: kube::Client, namespace: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
+            cap: None,
+        }
+    }
+
+    /// Refuses to create a record in a namespace that has `cap` of them already
+    /// ([`Error::RecordCap`]): records are created on behalf of tenants (every new pod of a
+    /// workload without an orphaned lineage starts one), and they live in stasis's namespace,
+    /// where no quota of theirs applies.
+    pub fn with_cap(mut self, cap: usize) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// How many records a workload namespace has.
+    pub async fn count_in(&self, namespace: &str) -> Result<usize> {
+        let lp = ListParams::default().labels(&format!(
+            "{RECORD_LABEL}=true,{RECORD_NAMESPACE_LABEL}={namespace}"
+        ));
+        Ok(self.api.list_metadata(&lp).await?.items.len())
+    }
+
+    /// Deletes a record at the resourceVersion it was read at (a record that changed since is
+    /// [`Error::Conflict`] and stays; one already gone is fine).
+    pub async fn delete(&self, record: &Record) -> Result<()> {
+        let mut dp = kube::api::DeleteParams::default();
+        if let Some(rv) = &record.resource_version {
+            dp = dp.preconditions(kube::api::Preconditions {
+                resource_version: Some(rv.clone()),
+                uid: None,
+            });
+        }
+        match self.api.delete(&record.name(), &dp).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Conflict(record.name())),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -220,6 +318,15 @@ impl Records {
     pub async fn save(&self, record: &Record) -> Result<Record> {
         let cm = record.to_config_map()?;
         let name = record.name();
+        if let (None, Some(cap)) = (&record.resource_version, self.cap) {
+            let have = self.count_in(&record.namespace).await?;
+            if have >= cap {
+                return Err(Error::RecordCap {
+                    namespace: record.namespace.clone(),
+                    cap,
+                });
+            }
+        }
         let res = match record.resource_version {
             None => self.api.create(&PostParams::default(), &cm).await,
             Some(_) => self.api.replace(&name, &PostParams::default(), &cm).await,
@@ -310,7 +417,23 @@ pub fn refresh(r: &mut Record, state: &HolderState, now_ms: u64, phantom_after_m
             r.lineage.end_final();
         }
     }
+    if r.lineage.orphaned && !before.0.orphaned {
+        r.orphaned_unix_ms = Some(now_ms);
+    }
     (r.lineage.clone(), r.holder.clone()) != before
+}
+
+/// Whether the sweep deletes a record now: its lineage is orphaned (or released) since at least
+/// `grace_ms`, holds no checkpoint, waits for no final checkpoint, and no pod of its namespace is
+/// (or claims to be) its holder any more. Nothing is lost: a lineage without checkpoints has
+/// nothing to restore, and with its record gone no agent stamps a checkpoint into it.
+pub fn collectable(r: &Record, holder_pod_exists: bool, now_ms: u64, grace_ms: u64) -> bool {
+    r.lineage.orphaned
+        && r.lineage.checkpoints.is_empty()
+        && r.lineage.final_deadline_unix_ms.is_none()
+        && !holder_pod_exists
+        && r.orphaned_unix_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) >= grace_ms)
 }
 
 #[cfg(test)]
@@ -362,6 +485,17 @@ mod tests {
         assert!(refresh(&mut r, &t, 11_000, 60_000));
         assert!(r.lineage.orphaned);
         assert_eq!(r.lineage.final_deadline_unix_ms, Some(40_000));
+        // When it was orphaned is kept (the sweep collects empty lineages a while after).
+        assert_eq!(r.orphaned_unix_ms, Some(11_000));
+        let cm = r.to_config_map().unwrap();
+        assert_eq!(
+            Record::from_config_map(&cm).unwrap().orphaned_unix_ms,
+            Some(11_000)
+        );
+        assert!(
+            !collectable(&r, false, 11_000 + 600_000, 600_000),
+            "final in flight"
+        );
         // Idempotent.
         assert!(!refresh(&mut r, &t, 12_000, 60_000));
         // The pod is gone and no termination checkpoint is pending: the wait ends.
@@ -374,6 +508,29 @@ mod tests {
             60_000
         ));
         assert_eq!(r.lineage.final_deadline_unix_ms, None);
+        assert!(!collectable(&r, false, 11_000 + 599_999, 600_000));
+        assert!(!collectable(&r, true, 11_000 + 600_000, 600_000));
+        assert!(collectable(&r, false, 11_000 + 600_000, 600_000));
+    }
+
+    #[test]
+    fn holder_labels_and_checks() {
+        let mut r = record("aaaaaaaa", 0);
+        assert!(r.registrable_by("prod", "aaaaaaaa"));
+        assert!(!r.registrable_by("dev", "aaaaaaaa"));
+        assert!(!r.registrable_by("prod", "bbbbbbbb"));
+        let cm = r.to_config_map().unwrap();
+        let labels = cm.metadata.labels.unwrap();
+        assert_eq!(labels[RECORD_NAMESPACE_LABEL], "prod");
+        assert!(!labels.contains_key(HOLDER_UID_LABEL));
+        r.holder.as_mut().unwrap().uid = Some("u-1".into());
+        assert!(!r.registrable_by("prod", "aaaaaaaa"));
+        assert!(r.held_by("prod", "u-1"));
+        assert!(!r.held_by("dev", "u-1"));
+        assert!(!r.held_by("prod", "u-2"));
+        assert!(!r.held_by("prod", ""));
+        let labels = r.to_config_map().unwrap().metadata.labels.unwrap();
+        assert_eq!(labels[HOLDER_UID_LABEL], "u-1");
     }
 
     #[test]

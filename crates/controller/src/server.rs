@@ -78,6 +78,13 @@ pub fn restore_path(path: &str) -> Option<(&str, &str)> {
     (ok(ns) && ok(pod)).then_some((ns, pod))
 }
 
+/// The answer of the status endpoint: the phase, and nothing else. The endpoint is reachable
+/// from any pod without credentials (the wait container has no service-account token), so it
+/// names no lineage, checkpoint or node.
+pub fn phase_body(phase: Option<stasis_api::RestorePhase>) -> String {
+    serde_json::json!({ "phase": phase }).to_string()
+}
+
 /// The status a restoring pod's wait container asks for: `{"phase": ...}` of the `PodRestore`
 /// named after the pod (404 while there is none; `ColdStart` when the controller has handled the
 /// pod's decision and made none).
@@ -86,8 +93,7 @@ async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<
     match api.get_opt(pod).await {
         Ok(Some(r)) => {
             let phase = r.status.as_ref().and_then(|s| s.phase);
-            let body = serde_json::json!({"phase": phase, "checkpointRef": r.spec.checkpoint_ref});
-            reply(StatusCode::OK, "application/json", body.to_string())
+            reply(StatusCode::OK, "application/json", phase_body(phase))
         }
         Ok(None) => {
             // The controller creates the PodRestore before it marks the decision reported: a
@@ -102,7 +108,7 @@ async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<
                 reply(
                     StatusCode::OK,
                     "application/json",
-                    r#"{"phase":"ColdStart"}"#,
+                    phase_body(Some(stasis_api::RestorePhase::ColdStart)),
                 )
             } else {
                 reply(StatusCode::NOT_FOUND, "application/json", "{}")
@@ -217,5 +223,36 @@ mod tests {
         assert_eq!(restore_path("/v1/restores/prod/a/b"), None);
         assert_eq!(restore_path("/v1/restores/Prod/x"), None);
         assert_eq!(restore_path("/metrics"), None);
+    }
+
+    /// The endpoint answers anyone: only the phase, never the lineage or checkpoint.
+    #[tokio::test]
+    async fn restore_status_says_only_the_phase() {
+        let svc = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+            assert_eq!(
+                req.uri().path(),
+                "/apis/stasis.dev/v1alpha1/namespaces/prod/podrestores/web-1"
+            );
+            let body = serde_json::json!({
+                "apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
+                "metadata": {"name": "web-1", "namespace": "prod"},
+                "spec": {"checkpointRef": "prod_deploy_web.0a1b2c3d/20261129T083000.123Z-1a2b3c4d",
+                         "targetPodName": "web-1", "lineage": "prod_deploy_web.0a1b2c3d"},
+                "status": {"phase": "Ready", "node": "worker-2"}
+            });
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.to_string().into_bytes()))
+                    .unwrap(),
+            )
+        });
+        let client = kube::Client::new(svc, "default");
+        let resp = restore_status(&client, "prod", "web-1").await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v, serde_json::json!({"phase": "Ready"}));
     }
 }
