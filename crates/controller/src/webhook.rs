@@ -319,36 +319,27 @@ async fn owner_meta(
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let c = client.clone();
     let meta = match (group, kind) {
-        ("apps", "ReplicaSet") => Api::<ReplicaSet>::namespaced(c, ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
-        ("apps", "Deployment") => Api::<Deployment>::namespaced(c, ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
-        ("apps", "StatefulSet") => Api::<StatefulSet>::namespaced(c, ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
-        ("apps", "DaemonSet") => Api::<DaemonSet>::namespaced(c, ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
-        ("batch", "Job") => Api::<Job>::namespaced(c, ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
+        ("apps", "ReplicaSet") => meta_of(Api::<ReplicaSet>::namespaced(c, ns), name).await?,
+        ("apps", "Deployment") => meta_of(Api::<Deployment>::namespaced(c, ns), name).await?,
+        ("apps", "StatefulSet") => meta_of(Api::<StatefulSet>::namespaced(c, ns), name).await?,
+        ("apps", "DaemonSet") => meta_of(Api::<DaemonSet>::namespaced(c, ns), name).await?,
+        ("batch", "Job") => meta_of(Api::<Job>::namespaced(c, ns), name).await?,
         (_, "ReplicaSet" | "Deployment" | "StatefulSet" | "DaemonSet" | "Job") => None,
         _ => {
             let gvk = GroupVersionKind::gvk(group, version, kind);
-            Api::<DynamicObject>::namespaced_with(c, ns, &ApiResource::from_gvk(&gvk))
-                .get_opt(name)
-                .await?
-                .map(|o| o.metadata)
+            let api = Api::<DynamicObject>::namespaced_with(c, ns, &ApiResource::from_gvk(&gvk));
+            meta_of(api, name).await?
         }
     };
     Ok(meta)
+}
+
+/// The metadata of object `name`, `None` when there is none.
+async fn meta_of<K>(api: Api<K>, name: &str) -> Result<Option<ObjectMeta>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api.get_opt(name).await?.map(|o| o.meta().clone()))
 }
 
 /// A random claim token: 32 hex digits (a valid label value).
