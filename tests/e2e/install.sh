@@ -142,7 +142,7 @@ check "RBAC: stasis-restorer is bound in its namespace only" bash -c "[ \"\$(kub
 # The chart's ValidatingAdmissionPolicies (the API server refuses) and the webhook (removes what a
 # pod was created with); crates/controller/tests/admission-policy.sh covers the policies in full.
 check "admission policies installed and bound" bash -c \
-  "kubectl get validatingadmissionpolicy stasis-$SNS-pods stasis-$SNS-checkpoints && kubectl get validatingadmissionpolicybinding stasis-$SNS-pods stasis-$SNS-checkpoints"
+  "kubectl get validatingadmissionpolicy stasis-$SNS-pods stasis-$SNS-checkpoints stasis-$SNS-templates && kubectl get validatingadmissionpolicybinding stasis-$SNS-pods stasis-$SNS-checkpoints stasis-$SNS-templates"
 kpod() { # name labels-json annotations-json
   printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","labels":%s,"annotations":%s},"spec":{"runtimeClassName":"stasis","nodeSelector":{"kubernetes.io/hostname":"worker-1"},"terminationGracePeriodSeconds":2,"containers":[{"name":"app","image":"stasis.local/testapp:dev","imagePullPolicy":"Never"}]}}' "$1" "$2" "$3"
 }
@@ -151,8 +151,9 @@ refused_as() { # fragment user command...: the API server refuses, naming fragme
   out=$("$@" --as="$user" 2>&1) && return 1
   grep -qF -- "$frag" <<<"$out"
 }
+# (a pod of another RuntimeClass: the webhook leaves it alone, so only the policy decides)
 check "edit may not create a pod with stasis.dev/decision=Restore (refused by the API server)" \
-  refused_as "may not create podrestores.stasis.dev" e2e-editor bash -c "$(declare -f kpod); kpod evil '{}' '{\"stasis.dev/decision\":\"Restore\"}' | kubectl -n $NS create -f - \"\$@\"" _
+  refused_as "may not create podrestores.stasis.dev" e2e-editor bash -c "$(declare -f kpod); kpod evil '{}' '{\"stasis.dev/decision\":\"Restore\"}' | jq 'del(.spec.runtimeClassName)' | kubectl -n $NS create -f - \"\$@\"" _
 check "edit may not annotate a running pod stasis.dev/decision=Restore" \
   refused_as "only stasis-controller" e2e-editor kubectl -n "$NS" annotate pod opted-in stasis.dev/decision=Restore --overwrite
 check "edit may set stasis.dev/cold-start" kubectl -n "$NS" annotate pod opted-in stasis.dev/cold-start=true --as=e2e-editor

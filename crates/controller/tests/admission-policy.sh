@@ -165,8 +165,14 @@ refused "a pod created with restore-from by a user who may not restore" "may not
     create alice evil2 '{"stasis.dev/restore-from":"prod_deploy_web.aa/x"}'
 allowed "a pod created with decision=Restore by a user who may restore" create bob restored1 '{"stasis.dev/decision":"Restore"}'
 allowed "a pod created with decision=Restore by the ReplicaSet controller" create "$RSC" restored2 '{"stasis.dev/decision":"Restore"}'
-allowed "a pod created with decision=ColdStart, cold-start and other keys" \
-    create alice plain '{"stasis.dev/decision":"ColdStart","stasis.dev/cold-start":"true","a":"b"}' '{"app":"web"}'
+refused "a pod created with a copied claim token, lineage and generation by a user who may not restore" "stasis.dev/claim-token" \
+    create alice evil3 '{"stasis.dev/lineage":"prod_deploy_web.aa","stasis.dev/generation":"3"}' '{"stasis.dev/claim-token":"T"}'
+refused "... or with the label that used to skip the webhook" "may not create podrestores" \
+    create alice evil4 '{}' '{"stasis.dev/system":"true"}'
+allowed "a pod created with decision=ColdStart and its reason (the webhook's answer to anyone), cold-start and other keys" \
+    create alice plain '{"stasis.dev/decision":"ColdStart","stasis.dev/decision-reason":"no CheckpointPolicy","stasis.dev/cold-start":"true","a":"b"}' '{"app":"web"}'
+allowed "a pod created with a claim, lineage and generation by a user who may restore" \
+    create bob claimed '{"stasis.dev/lineage":"prod_deploy_web.aa","stasis.dev/generation":"3","stasis.dev/claim-token":"T"}' '{"stasis.dev/claim-token":"T"}'
 
 # (b) changing stasis.dev/ keys of an existing pod
 refused "a user adds decision=Restore to a pod" "only stasis-controller" \
@@ -206,6 +212,32 @@ refused "a user restamps a checkpoint" "only stasis-controller and stasis-agent"
 allowed "the agent labels a checkpoint" kubectl --as="$AGENT" -n prod label podcheckpoint c1 stasis.dev/node=w1
 refused "a user marks a restore accounted" "only stasis-controller and stasis-agent" \
     bash -c "printf '{\"apiVersion\":\"stasis.dev/v1alpha1\",\"kind\":\"PodRestore\",\"metadata\":{\"name\":\"r1\",\"annotations\":{\"stasis.dev/accounted\":\"true\"}},\"spec\":{\"checkpointRef\":\"l/c\",\"targetPodName\":\"plain\"}}' | $kubectl --as=bob -n prod create -f -"
+
+# pod templates of workload controllers
+deploy() { # name template-annotations-json
+    printf '{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"%s"},"spec":{"selector":{"matchLabels":{"app":"%s"}},"template":{"metadata":{"labels":{"app":"%s"},"annotations":%s},"spec":{"containers":[{"name":"c","image":"i"}]}}}}' "$1" "$1" "$1" "$2"
+}
+kubectl apply -f - >/dev/null <<'EOF'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: t-deploy}
+rules:
+  - {apiGroups: [apps], resources: [deployments], verbs: [get, list, create, update, patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: t-deploy}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: t-deploy}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}]
+EOF
+refused "a Deployment whose pod template carries a lineage (even by a user who may restore)" "carries stasis.dev/ keys" \
+    bash -c "$(declare -f deploy); deploy web '{\"stasis.dev/lineage\":\"prod_deploy_web.aa\"}' | $kubectl --as=bob -n prod create -f -"
+allowed "a Deployment whose pod template asks for a cold start" \
+    bash -c "$(declare -f deploy); deploy api '{\"stasis.dev/cold-start\":\"true\"}' | $kubectl --as=bob -n prod create -f - >/dev/null"
+allowed "... and its update" kubectl --as=bob -n prod patch deployment api --type merge -p '{"spec":{"replicas":2}}'
+kubectl create namespace "$SNS" >/dev/null
+allowed "stasis's own Deployment in the release namespace (its pods labelled stasis.dev/system)" \
+    bash -c "$(declare -f deploy); deploy stasis-controller '{}' | sed 's/\"labels\":{\"app\":\"stasis-controller\"}/\"labels\":{\"app\":\"stasis-controller\",\"stasis.dev\/system\":\"true\"}/' | $kubectl -n $SNS create -f - >/dev/null"
 
 if ((failures)); then
     echo "admission-policy: $failures check(s) failed" >&2
