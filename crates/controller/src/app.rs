@@ -78,6 +78,11 @@ pub struct RunArgs {
         default_value = "/etc/stasis/webhook/tls.key"
     )]
     pub tls_key: PathBuf,
+    /// PEM CA whose client certificates alone may call the webhook: the API server's, given it
+    /// through its AdmissionConfiguration kubeconfig for this webhook (docs/design.md §13.3).
+    /// Unset: any client (the request cannot be authenticated).
+    #[arg(long, env = "STASIS_WEBHOOK_CLIENT_CA")]
+    pub webhook_client_ca: Option<PathBuf>,
     /// Serve the webhook over plain HTTP (tests only: the API server requires HTTPS).
     #[arg(long)]
     pub webhook_insecure_http: bool,
@@ -224,7 +229,11 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         let tls = if a.webhook_insecure_http {
             None
         } else {
-            Some(server::tls_acceptor(&a.tls_cert, &a.tls_key).map_err(anyhow::Error::msg)?)
+            let client_ca = a.webhook_client_ca.as_deref();
+            Some(
+                server::tls_acceptor(&a.tls_cert, &a.tls_key, client_ca)
+                    .map_err(anyhow::Error::msg)?,
+            )
         };
         let hook = Arc::new(Webhook {
             client: client.clone(),

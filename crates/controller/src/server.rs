@@ -156,20 +156,46 @@ pub async fn serve_metrics(
     Ok(())
 }
 
-/// The TLS settings from a PEM certificate chain and key.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
+/// The TLS settings from a PEM certificate chain and key. With `client_ca` (PEM), only clients
+/// presenting a certificate signed by it are served: the API server, given that certificate
+/// through its `AdmissionConfiguration` kubeconfig for this webhook, and nobody else can send
+/// admission reviews (docs/design.md §13.3).
+pub fn tls_acceptor(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<TlsAcceptor, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("{}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    let pem_certs = |path: &Path| -> Result<Vec<CertificateDer<'static>>, String> {
+        CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let certs = pem_certs(cert)?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in pem_certs(ca)? {
+                roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| format!("client CA {}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
         .with_single_cert(certs, key)
         .map_err(|e| format!("certificate and key: {e}"))?;
     Ok(TlsAcceptor::from(Arc::new(config)))
@@ -212,6 +238,89 @@ pub async fn serve_webhook(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `openssl` in `dir`: a CA, the webhook's certificate signed by it, a client certificate
+    /// signed by it (the API server's) and one self-signed (anyone's).
+    fn certificates(dir: &Path) {
+        let script = r#"set -e
+            o() { openssl "$@" 2>/dev/null; }
+            o req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=webhook-client-ca
+            o req -newkey rsa:2048 -nodes -keyout tls.key -out tls.csr -subj /CN=localhost
+            printf 'subjectAltName=DNS:localhost' >san
+            o x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 1 -extfile san
+            o req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=kube-apiserver
+            printf 'extendedKeyUsage=clientAuth' >usage
+            o x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1 -extfile usage
+            o req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 1 -subj /CN=kube-apiserver"#;
+        let ok = std::process::Command::new("bash")
+            .args(["-c", script])
+            .current_dir(dir)
+            .status()
+            .expect("run openssl")
+            .success();
+        assert!(ok, "openssl failed");
+    }
+
+    /// Handshakes with the webhook's listener, presenting `client` (certificate, key) or no
+    /// certificate; true when the server accepted the connection.
+    async fn server_accepts(acceptor: TlsAcceptor, dir: &Path, client: Option<&str>) -> bool {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            acceptor.accept(stream).await.is_ok()
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_file(dir.join("ca.crt")).unwrap())
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match client {
+            None => builder.with_no_client_auth(),
+            Some(name) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_file(dir.join(format!("{name}.crt"))).unwrap()],
+                    PrivateKeyDer::from_pem_file(dir.join(format!("{name}.key"))).unwrap(),
+                )
+                .unwrap(),
+        };
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("localhost").unwrap(), stream)
+            .await;
+        server.await.unwrap()
+    }
+
+    /// With a client CA, only a client certificate it signed gets through the handshake: a
+    /// forged AdmissionReview from anywhere else never reaches `/mutate`.
+    #[tokio::test]
+    async fn with_a_client_ca_only_its_clients_are_served() {
+        let dir = std::env::temp_dir().join(format!("stasis-webhook-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.as_path();
+        certificates(d);
+        let (crt, key, ca) = (d.join("tls.crt"), d.join("tls.key"), d.join("ca.crt"));
+        let open = || tls_acceptor(&crt, &key, None).unwrap();
+        let closed = || tls_acceptor(&crt, &key, Some(&ca)).unwrap();
+        assert!(server_accepts(open(), d, None).await);
+        assert!(!server_accepts(closed(), d, None).await, "no certificate");
+        assert!(
+            !server_accepts(closed(), d, Some("other")).await,
+            "a certificate the CA did not sign"
+        );
+        assert!(server_accepts(closed(), d, Some("client")).await);
+        let e = tls_acceptor(&crt, &key, Some(&d.join("missing.crt")))
+            .err()
+            .unwrap();
+        assert!(e.contains("missing.crt"), "{e}");
+        let _ = std::fs::remove_dir_all(d);
+    }
 
     #[test]
     fn restore_paths() {
