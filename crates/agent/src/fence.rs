@@ -1,55 +1,108 @@
-//! Fencing decisions: may a checkpoint written under a generation become visible?
+//! Stamps and fencing: under which lineage and generation a pod's checkpoint is written, and may
+//! it become visible?
 //!
-//! The writer's lineage and generation come from the pod (annotations the webhook writes at
-//! admission, `stasis_api::lineage`); the lineage's current generation from the controller's
-//! lineage record. The rule itself is `stasis_core::lineage::may_publish`.
+//! Both come from the controller's lineage records (ConfigMaps in stasis's namespace, which only
+//! the controller writes), never from the pod: a pod's labels and annotations are its user's to
+//! set. A pod's stamp is the lineage and generation of the record whose holder-UID label is the
+//! pod's UID and whose namespace label is the pod's namespace (the controller registers the
+//! holder when it first sees the pod, usually within a second of its creation). A pod no record
+//! names is not checkpointed: there is no lineage its checkpoints could safely join. The rule on
+//! generations is `stasis_core::lineage::may_publish`.
 
-use std::collections::BTreeMap;
-
+use k8s_openapi::api::core::v1::ConfigMap;
+use stasis_api::lineage::{HOLDER_UID_LABEL, RECORD_KEY, RECORD_NAMESPACE_LABEL};
 use stasis_core::lineage::{may_publish, Lineage};
 use stasis_core::WorkloadName;
 
-/// The lineage a pod's checkpoints go to, and the generation they are written under.
+/// The lineage a pod's checkpoints go to, the generation they are written under, and the pod
+/// (namespace, UID) that writes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stamp {
     pub lineage: WorkloadName,
     pub generation: u64,
-    /// True when the lineage came from the webhook's claim; false for the agent's fallback
-    /// (a pod admitted without the webhook: its own lineage `<workload key>.<uid prefix>`,
-    /// generation 1, which no record fences until the controller creates one).
-    pub claimed: bool,
+    pub namespace: String,
+    pub pod_uid: String,
 }
 
-/// The stamp of a pod: its claim annotations, else the fallback lineage.
-pub fn stamp_for_pod(
-    annotations: &BTreeMap<String, String>,
-    workload_key: &WorkloadName,
-    pod_uid: &str,
-) -> Stamp {
-    if let Some((l, g)) = stasis_api::lineage::pod_lineage(annotations) {
-        if let Ok(l) = WorkloadName::new(l) {
-            return Stamp {
-                lineage: l,
-                generation: g,
-                claimed: true,
-            };
-        }
+/// A lineage record as the agent reads it: the lineage, and the namespace and holder UID the
+/// controller labelled it with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordFacts {
+    pub lineage: Lineage,
+    pub namespace: Option<String>,
+    pub holder_uid: Option<String>,
+}
+
+impl RecordFacts {
+    /// Reads a lineage record ConfigMap.
+    pub fn from_config_map(cm: &ConfigMap) -> Result<Self, String> {
+        let name = cm.metadata.name.as_deref().unwrap_or_default();
+        let raw = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(RECORD_KEY))
+            .ok_or_else(|| format!("lineage record {name} has no {RECORD_KEY}"))?;
+        let lineage: Lineage =
+            serde_json::from_str(raw).map_err(|e| format!("lineage record {name}: {e}"))?;
+        let label = |k: &str| cm.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
+        Ok(Self {
+            lineage,
+            namespace: label(RECORD_NAMESPACE_LABEL),
+            holder_uid: label(HOLDER_UID_LABEL),
+        })
     }
+
+    fn held_by(&self, namespace: &str, uid: &str) -> bool {
+        !uid.is_empty()
+            && self.namespace.as_deref() == Some(namespace)
+            && self.holder_uid.as_deref() == Some(uid)
+    }
+}
+
+/// The stamp of the pod (`namespace`, `uid`) from the lineage records listed by its UID: the
+/// record that names it as holder in its namespace (a held one before an orphaned one, then the
+/// newest generation). `Err` says why there is none.
+pub fn stamp_from_records(
+    namespace: &str,
+    uid: &str,
+    records: &[RecordFacts],
+) -> Result<Stamp, String> {
+    records
+        .iter()
+        .filter(|r| r.held_by(namespace, uid))
+        .max_by_key(|r| (!r.lineage.orphaned, r.lineage.generation))
+        .map(|r| Stamp {
+            lineage: r.lineage.id.clone(),
+            generation: r.lineage.generation,
+            namespace: namespace.to_owned(),
+            pod_uid: uid.to_owned(),
+        })
+        .ok_or_else(|| {
+            format!(
+                "no lineage record names this pod (UID {uid}) as its holder in namespace {namespace}: the stasis controller registers a pod when it first sees it; until then, or without the controller, the pod is not checkpointed"
+            )
+        })
+}
+
+/// The stamp of a pod without a cluster (the standalone agent): its own lineage
+/// `<workload key>.<UID prefix>` at generation 1, which nothing fences.
+pub fn standalone_stamp(workload_key: &WorkloadName, namespace: &str, uid: &str) -> Stamp {
     Stamp {
-        lineage: Lineage::start(workload_key, pod_uid, &[]).id,
+        lineage: Lineage::start(workload_key, uid, &[]).id,
         generation: 1,
-        claimed: false,
+        namespace: namespace.to_owned(),
+        pod_uid: uid.to_owned(),
     }
 }
 
 /// What the fence says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// The record exists and the generation is current.
+    /// The record exists, names the writer as holder, and the generation is current.
     Current,
-    /// No record yet (nobody claimed the lineage since it started): nothing can fence it.
+    /// No cluster, no records (the standalone agent): nothing can fence.
     NoRecord,
-    /// A newer claim exists: the checkpoint must not become visible.
+    /// The checkpoint must not become visible; why.
     Fenced(String),
 }
 
@@ -59,75 +112,162 @@ impl Verdict {
     }
 }
 
-/// The fencing decision for a checkpoint of `stamp`, given the lineage record (if any).
-pub fn decide(record: Option<&Lineage>, stamp: &Stamp) -> Verdict {
-    match record {
-        None => Verdict::NoRecord,
-        Some(r) if r.id != stamp.lineage => Verdict::Fenced(format!(
+/// The fencing decision for a checkpoint of `stamp`, given the lineage's record as read now.
+/// Fails closed: no record (deleted, or never there) fences.
+pub fn decide(record: Option<&RecordFacts>, stamp: &Stamp) -> Verdict {
+    let Some(r) = record else {
+        return Verdict::Fenced(format!("lineage {} has no record", stamp.lineage));
+    };
+    let l = &r.lineage;
+    if l.id != stamp.lineage {
+        return Verdict::Fenced(format!(
             "lineage record is for {}, not {}",
-            r.id, stamp.lineage
-        )),
-        Some(r) if may_publish(r, stamp.generation) => Verdict::Current,
-        Some(r) => Verdict::Fenced(format!(
-            "lineage {} is at generation {}; this checkpoint was written under generation {} (a newer pod claimed the lineage)",
-            r.id, r.generation, stamp.generation
-        )),
+            l.id, stamp.lineage
+        ));
     }
+    if r.namespace.as_deref() != Some(stamp.namespace.as_str()) {
+        return Verdict::Fenced(format!(
+            "lineage {} belongs to another namespace than {}",
+            l.id, stamp.namespace
+        ));
+    }
+    if !may_publish(l, stamp.generation) {
+        return Verdict::Fenced(format!(
+            "lineage {} is at generation {}; this checkpoint was written under generation {} (a newer pod claimed the lineage)",
+            l.id, l.generation, stamp.generation
+        ));
+    }
+    if r.holder_uid.as_deref() != Some(stamp.pod_uid.as_str()) {
+        return Verdict::Fenced(format!(
+            "lineage {} is not held by this pod (UID {})",
+            l.id, stamp.pod_uid
+        ));
+    }
+    Verdict::Current
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn key() -> WorkloadName {
         WorkloadName::new("default_deployment_counter").unwrap()
     }
 
-    #[test]
-    fn stamp_from_annotations_or_fallback() {
-        let mut a = BTreeMap::new();
-        let s = stamp_for_pod(&a, &key(), "0b5c7e1a-1111");
-        assert_eq!(s.lineage.as_str(), "default_deployment_counter.0b5c7e1a");
-        assert_eq!((s.generation, s.claimed), (1, false));
-        a.insert(
-            "stasis.dev/lineage".into(),
-            "default_deployment_counter.aa".into(),
-        );
-        a.insert("stasis.dev/generation".into(), "4".into());
-        let s = stamp_for_pod(&a, &key(), "u");
-        assert_eq!(s.lineage.as_str(), "default_deployment_counter.aa");
-        assert_eq!((s.generation, s.claimed), (4, true));
-        // An invalid lineage name falls back.
-        a.insert("stasis.dev/lineage".into(), "Bad Name".into());
-        assert!(!stamp_for_pod(&a, &key(), "u").claimed);
+    fn facts(l: &Lineage, ns: &str, uid: Option<&str>) -> RecordFacts {
+        RecordFacts {
+            lineage: l.clone(),
+            namespace: Some(ns.into()),
+            holder_uid: uid.map(Into::into),
+        }
     }
 
     #[test]
-    fn only_the_current_generation_publishes() {
+    fn the_stamp_comes_from_the_record_naming_the_pod() {
+        let mut held = Lineage::start(&key(), "aaaaaaaa", &[]);
+        held.generation = 4;
+        let mut old = Lineage::start(&key(), "bbbbbbbb", &[]);
+        old.generation = 9;
+        old.orphan();
+        let records = [
+            facts(&old, "default", Some("u-1")),
+            facts(&held, "default", Some("u-1")),
+            // Another namespace's record naming the same UID, another pod's record.
+            facts(
+                &Lineage::start(&key(), "cccccccc", &[]),
+                "other",
+                Some("u-1"),
+            ),
+            facts(
+                &Lineage::start(&key(), "dddddddd", &[]),
+                "default",
+                Some("u-2"),
+            ),
+        ];
+        let s = stamp_from_records("default", "u-1", &records).unwrap();
+        assert_eq!((s.lineage.clone(), s.generation), (held.id.clone(), 4));
+        assert_eq!(
+            (s.namespace.as_str(), s.pod_uid.as_str()),
+            ("default", "u-1")
+        );
+        // A pod nobody registered (whatever its annotations say) gets no stamp.
+        let e = stamp_from_records("default", "u-3", &records).unwrap_err();
+        assert!(
+            e.contains("no lineage record names this pod (UID u-3)"),
+            "{e}"
+        );
+        assert!(stamp_from_records("default", "", &[facts(&held, "default", None)]).is_err());
+    }
+
+    #[test]
+    fn record_facts_from_the_config_map_labels() {
+        let l = Lineage::start(&key(), "aaaaaaaa", &[]);
+        let cm = ConfigMap {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("lineage-x".into()),
+                labels: Some(BTreeMap::from([
+                    (HOLDER_UID_LABEL.to_owned(), "u-1".to_owned()),
+                    (RECORD_NAMESPACE_LABEL.to_owned(), "default".to_owned()),
+                ])),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                RECORD_KEY.to_owned(),
+                serde_json::to_string(&l).unwrap(),
+            )])),
+            ..Default::default()
+        };
+        assert_eq!(
+            RecordFacts::from_config_map(&cm).unwrap(),
+            facts(&l, "default", Some("u-1"))
+        );
+        let empty = ConfigMap::default();
+        assert!(RecordFacts::from_config_map(&empty).is_err());
+    }
+
+    #[test]
+    fn only_the_holder_at_the_current_generation_in_its_namespace_publishes() {
         let mut l = Lineage::start(&key(), "holder-1", &[]);
         let stamp = Stamp {
             lineage: l.id.clone(),
             generation: l.generation,
-            claimed: true,
+            namespace: "default".into(),
+            pod_uid: "u-1".into(),
         };
-        assert_eq!(decide(None, &stamp), Verdict::NoRecord);
-        assert!(decide(None, &stamp).allows());
-        assert_eq!(decide(Some(&l), &stamp), Verdict::Current);
+        assert!(!decide(None, &stamp).allows(), "no record: fail closed");
+        assert_eq!(
+            decide(Some(&facts(&l, "default", Some("u-1"))), &stamp),
+            Verdict::Current
+        );
+        // Review H3: a record of another namespace, or held by another pod, never vouches.
+        let v = decide(Some(&facts(&l, "other", Some("u-1"))), &stamp);
+        assert!(
+            matches!(&v, Verdict::Fenced(m) if m.contains("another namespace")),
+            "{v:?}"
+        );
+        let v = decide(Some(&facts(&l, "default", Some("u-2"))), &stamp);
+        assert!(
+            matches!(&v, Verdict::Fenced(m) if m.contains("not held by this pod")),
+            "{v:?}"
+        );
         // Orphaning does not fence (a final checkpoint still publishes)...
         l.orphan();
-        assert_eq!(decide(Some(&l), &stamp), Verdict::Current);
+        assert_eq!(
+            decide(Some(&facts(&l, "default", Some("u-1"))), &stamp),
+            Verdict::Current
+        );
         // ...a newer claim does.
         let mut ls = vec![l];
         let c = stasis_core::lineage::claim(&mut ls, &key(), "holder-2").unwrap();
         assert_eq!(c.generation, stamp.generation + 1);
-        let v = decide(Some(&ls[0]), &stamp);
-        assert!(!v.allows());
+        let v = decide(Some(&facts(&ls[0], "default", Some("u-1"))), &stamp);
         assert!(
             matches!(&v, Verdict::Fenced(m) if m.contains("newer pod")),
             "{v:?}"
         );
         // A record of another lineage never vouches for this one.
         let other = Lineage::start(&key(), "zzzz", &ls);
-        assert!(!decide(Some(&other), &stamp).allows());
+        assert!(!decide(Some(&facts(&other, "default", Some("u-1"))), &stamp).allows());
     }
 }

@@ -33,8 +33,7 @@ use kube::{Client, ResourceExt};
 use stasis_api::{
     CheckpointPhase, CheckpointPolicy, PodCheckpoint, PodCheckpointSpec, PodRestore, RestorePhase,
 };
-use stasis_core::lineage::Lineage;
-use stasis_core::{CheckpointRef, WorkloadName};
+use stasis_core::CheckpointRef;
 use stasis_node_api::{ReportEvent, ReportRequest};
 use stasis_store::Key;
 use tokio::runtime::Handle;
@@ -43,7 +42,7 @@ use tracing::{debug, info, warn};
 use crate::checks;
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointJob, CheckpointOutcome, Executor, KeySource, PrepareJob, Target};
-use crate::fence::{self, Stamp, Verdict};
+use crate::fence::{self, RecordFacts, Stamp, Verdict};
 use crate::keys::{self, ClusterKey};
 use crate::node::{Agent, Busy, Cluster, PodInfo};
 use crate::selector;
@@ -81,9 +80,6 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
     let empty = BTreeMap::new();
     let labels = m.labels.as_ref().unwrap_or(&empty);
     let annotations = m.annotations.as_ref().unwrap_or(&empty);
-    let workload = stasis_api::pod::workload_identity(pod)
-        .map(|w| w.key())
-        .unwrap_or_else(|_| WorkloadName::sanitize(&format!("{ns}_pod_{name}")));
     let selecting: Vec<&Arc<CheckpointPolicy>> = policies
         .iter()
         .filter(|p| p.metadata.namespace.as_deref() == Some(&ns))
@@ -100,9 +96,8 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
         key: PodKey {
             namespace: ns,
             name,
-            uid: uid.clone(),
+            uid,
         },
-        stamp: fence::stamp_for_pod(annotations, &workload, &uid),
         spec_hash: stasis_api::pod::spec_hash(pod).map(|h| h.to_string()),
         declared: stasis_api::lineage::declared(labels, annotations),
         deletion_deadline: m.deletion_timestamp.as_ref().map(to_system_time),
@@ -139,6 +134,35 @@ pub fn image_digest(pod: &Pod, container: &str) -> Option<String> {
         .and_then(|s| digest_of(&s.image_id))
 }
 
+/// Why the agent must not checkpoint `pod` (`None`: it may): only pods that opted in, with
+/// `runtimeClassName` set to stasis's RuntimeClass, are ever frozen or dumped.
+pub fn not_opted_in(pod: &Pod, runtime_class: &str) -> Option<String> {
+    let class = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref());
+    (class != Some(runtime_class)).then(|| {
+        format!(
+            "pod {} did not opt in to checkpoints: its runtimeClassName is {}, not {runtime_class}",
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            class.map_or("unset".to_owned(), |c| format!("{c:?}"))
+        )
+    })
+}
+
+/// Why a `PodRestore` must not be prepared (`None`: it may): the lineage it names, when it
+/// names one, is not the lineage of its `checkpointRef`.
+pub fn restore_mismatch(r: &PodRestore) -> Option<String> {
+    let named = r.spec.lineage.as_deref()?;
+    let of_ref = r.spec.checkpoint_ref.rsplit_once('/').map(|(l, _)| l);
+    (of_ref != Some(named)).then(|| {
+        format!(
+            "checkpointRef {} is not a checkpoint of lineage {named}",
+            r.spec.checkpoint_ref
+        )
+    })
+}
+
 /// The one app container's name, when the pod has exactly one.
 pub fn single_container(pod: &Pod) -> Option<String> {
     let cs = &pod.spec.as_ref()?.containers;
@@ -166,6 +190,8 @@ pub struct KubeCluster {
     pub node: String,
     /// stasis's own namespace (lineage records, data key Secrets).
     pub namespace: String,
+    /// The RuntimeClass that opts a pod in (only its pods are checkpointed).
+    pub runtime_class: String,
     pub pods: Store<Pod>,
     pub policies: Store<CheckpointPolicy>,
     pub exec: Arc<Executor>,
@@ -186,7 +212,7 @@ impl KubeCluster {
         pod_info(pod, &self.policies.state())
     }
 
-    async fn lineage_record(&self, lineage: &str) -> Result<Option<Lineage>> {
+    async fn lineage_record(&self, lineage: &str) -> Result<Option<RecordFacts>> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         let Some(cm) = api
             .get_opt(&stasis_api::lineage::record_name(lineage))
@@ -195,14 +221,32 @@ impl KubeCluster {
         else {
             return Ok(None);
         };
-        let raw = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get(stasis_api::lineage::RECORD_KEY))
-            .ok_or_else(|| AgentError::Kube(format!("lineage record of {lineage} has no data")))?;
-        serde_json::from_str(raw)
+        RecordFacts::from_config_map(&cm)
             .map(Some)
-            .map_err(|e| AgentError::Kube(format!("lineage record of {lineage}: {e}")))
+            .map_err(AgentError::Kube)
+    }
+
+    /// The lineage records whose holder-UID label is `uid` (read fresh: a stamp must not come
+    /// from a stale cache).
+    async fn records_held_by(&self, uid: &str) -> Result<Vec<RecordFacts>> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lp = ListParams::default().labels(&format!(
+            "{}=true,{}={uid}",
+            stasis_api::lineage::RECORD_LABEL,
+            stasis_api::lineage::HOLDER_UID_LABEL
+        ));
+        let list = api.list(&lp).await.map_err(api_err)?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|cm| match RecordFacts::from_config_map(cm) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(error = %e, "skipping an unreadable lineage record");
+                    None
+                }
+            })
+            .collect())
     }
 
     async fn emit(&self, pod: &PodKey, reason: &str, message: &str, warning: bool) {
@@ -276,6 +320,19 @@ impl KubeCluster {
         };
         let info = self.info(&pod);
         let prev = c.status.clone().unwrap_or_default();
+        // Before anything is frozen: only pods that opted in.
+        if let Some(why) = not_opted_in(&pod, &self.runtime_class) {
+            warn!(checkpoint = %name, %why, "checkpoint refused");
+            let s = status::checkpoint_failed(
+                &prev,
+                &self.node,
+                stasis_api::condition::reason::CHECKPOINT_FAILED,
+                &why,
+                status::now(),
+            );
+            self.rt.block_on(self.patch_ckpt_status(&ns, &name, &s));
+            return;
+        }
         if let Some(want) = c.spec.source_pod_uid.as_deref() {
             if want != info.key.uid {
                 let s = status::checkpoint_failed(
@@ -292,21 +349,22 @@ impl KubeCluster {
                 return;
             }
         }
-        let running = status::checkpoint_running(
-            &prev,
-            &self.node,
-            &info.key.uid,
-            &info.stamp,
-            status::now(),
-        );
+        let stamp = match self.stamp(&info.key) {
+            Ok(s) => s,
+            Err(why) => {
+                self.exec.metrics.checkpoint("fenced");
+                self.finish_checkpoint(&ns, &name, &prev, &info, &Err(AgentError::Fenced(why)));
+                return;
+            }
+        };
+        let running =
+            status::checkpoint_running(&prev, &self.node, &info.key.uid, &stamp, status::now());
         self.rt
             .block_on(self.patch_ckpt_status(&ns, &name, &running));
-        let timeout = Duration::from_secs(
-            c.spec
-                .timeout_seconds
-                .filter(|t| *t > 0)
-                .map_or(600, |t| t as u64),
-        );
+        let timeout =
+            Duration::from_secs(c.spec.timeout_seconds.filter(|t| *t > 0).map_or(600, |t| {
+                t.min(stasis_api::checkpoint::MAX_TIMEOUT_SECONDS) as u64
+            }));
         let deadline = Instant::now() + timeout;
         // One checkpoint at a time per pod: wait for the one in progress.
         let guard = loop {
@@ -329,7 +387,7 @@ impl KubeCluster {
                 },
                 namespace: ns.clone(),
                 pod_name: info.key.name.clone(),
-                stamp: info.stamp.clone(),
+                stamp,
                 spec_hash: info.spec_hash.clone(),
                 declared: info.declared.clone(),
                 reason: serde_json::to_value(c.spec.reason)
@@ -398,11 +456,14 @@ impl KubeCluster {
         );
         self.rt
             .block_on(self.patch_restore_status(&ns, &name, &fetching));
-        let job = r
-            .spec
-            .checkpoint_ref
-            .parse::<CheckpointRef>()
-            .map_err(|e| AgentError::Invalid(format!("checkpointRef: {e}")))
+        let job = restore_mismatch(r)
+            .map_or(Ok(()), |why| Err(AgentError::Invalid(why)))
+            .and_then(|()| {
+                r.spec
+                    .checkpoint_ref
+                    .parse::<CheckpointRef>()
+                    .map_err(|e| AgentError::Invalid(format!("checkpointRef: {e}")))
+            })
             .map(|reference| PrepareJob {
                 reference,
                 namespace: ns.clone(),
@@ -445,7 +506,12 @@ impl KubeCluster {
         }
     }
 
-    async fn create_final_record(&self, pod: &PodInfo, timeout: Duration) -> Option<String> {
+    async fn create_final_record(
+        &self,
+        pod: &PodInfo,
+        stamp: &Stamp,
+        timeout: Duration,
+    ) -> Option<String> {
         let api: Api<PodCheckpoint> = Api::namespaced(self.client.clone(), &pod.key.namespace);
         let base: String = pod.key.name.chars().take(200).collect();
         let name = format!("{base}-final-{:08x}", rand::random::<u32>());
@@ -468,7 +534,7 @@ impl KubeCluster {
                     &Default::default(),
                     &self.node,
                     &pod.key.uid,
-                    &pod.stamp,
+                    stamp,
                     status::now(),
                 );
                 self.patch_ckpt_status(&pod.key.namespace, &name, &s).await;
@@ -507,6 +573,14 @@ impl Cluster for KubeCluster {
         self.pod_by_uid(&pod.pod_uid).map(|p| self.info(&p))
     }
 
+    fn stamp(&self, pod: &PodKey) -> std::result::Result<Stamp, String> {
+        let records = self
+            .rt
+            .block_on(self.records_held_by(&pod.uid))
+            .map_err(|e| format!("cannot read the lineage records: {e}"))?;
+        fence::stamp_from_records(&pod.namespace, &pod.uid, &records)
+    }
+
     fn fence(&self, stamp: &Stamp) -> Verdict {
         // Fail closed: a node that cannot read the lineage record (cut off from the API server)
         // must not publish.
@@ -522,16 +596,19 @@ impl Cluster for KubeCluster {
     fn checkpoint_started(
         &self,
         pod: &PodInfo,
+        stamp: &Stamp,
         _reason: &str,
         timeout: Duration,
     ) -> Option<String> {
-        self.rt.block_on(self.create_final_record(pod, timeout))
+        self.rt
+            .block_on(self.create_final_record(pod, stamp, timeout))
     }
 
     fn checkpoint_finished(
         &self,
         record: Option<&str>,
         pod: &PodInfo,
+        stamp: &Stamp,
         result: &Result<CheckpointOutcome>,
     ) {
         if let Some(name) = record {
@@ -539,7 +616,7 @@ impl Cluster for KubeCluster {
                 &Default::default(),
                 &self.node,
                 &pod.key.uid,
-                &pod.stamp,
+                stamp,
                 status::now(),
             );
             self.finish_checkpoint(&pod.key.namespace, name, &prev, pod, result);
@@ -564,11 +641,8 @@ impl Cluster for KubeCluster {
         };
         // The auditable record of the restore (DESIGN §3), named after the pod and the
         // checkpoint; the wrapper's report turns it Restored (or ColdStart) like any other.
-        let id = checkpoint
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+        let (lineage, id) = checkpoint.rsplit_once('/').unwrap_or(("", &checkpoint));
+        let id = id.to_ascii_lowercase();
         let base: String = key.name.chars().take(180).collect();
         let name = format!("{base}-oom-{id}");
         let mut r = PodRestore::new(
@@ -578,8 +652,14 @@ impl Cluster for KubeCluster {
                 target_pod_name: key.name.clone(),
                 target_pod_uid: Some(key.uid.clone()),
                 source_pod_name: Some(key.name.clone()),
-                lineage: Some(pod.stamp.lineage.to_string()),
-                generation: Some(pod.stamp.generation as i64),
+                // The kept checkpoint's own lineage (what the restore-loop guard counts
+                // against); the generation is the pod's claim when the record still says so.
+                lineage: Some(lineage.to_owned()),
+                generation: self
+                    .stamp(&key)
+                    .ok()
+                    .filter(|s| s.lineage.as_str() == lineage)
+                    .map(|s| s.generation as i64),
             },
         );
         r.metadata.labels = Some(BTreeMap::from([(
@@ -804,6 +884,8 @@ pub async fn patch_node_labels(
 pub struct KubeSettings {
     pub node: String,
     pub namespace: String,
+    /// The RuntimeClass that opts a pod in.
+    pub runtime_class: String,
     pub containerd_configs: Vec<PathBuf>,
     pub runtime_binary: PathBuf,
     pub check_interval: Duration,
@@ -911,6 +993,7 @@ pub async fn start(
         rt: rt.clone(),
         node: settings.node.clone(),
         namespace: settings.namespace.clone(),
+        runtime_class: settings.runtime_class.clone(),
         pods: pods.clone(),
         policies,
         exec: exec.clone(),
@@ -1227,8 +1310,6 @@ mod tests {
         }));
         let i = pod_info(&p, &[policy("default", "counter", true)]);
         assert_eq!(i.key.uid, "0b5c7e1a-1111");
-        assert_eq!(i.stamp.lineage.as_str(), "default_deployment_counter.aa");
-        assert_eq!(i.stamp.generation, 3);
         assert!(i.spec_hash.as_deref().unwrap().starts_with("blake3:"));
         assert_eq!(i.declared["engine"], "v1");
         assert_eq!(
@@ -1261,19 +1342,47 @@ mod tests {
             .unwrap_err()
             .contains("onTermination"));
 
-        // Without the webhook's annotations: the fallback lineage of its workload.
         let bare = pod(json!({
             "metadata": {"name": "solo", "namespace": "ns1", "uid": "abcdef12-3"},
             "spec": {"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}
         }));
-        let i = pod_info(&bare, &[]);
-        assert!(!i.stamp.claimed);
-        assert!(
-            i.stamp.lineage.as_str().ends_with(".abcdef12"),
-            "{}",
-            i.stamp.lineage
-        );
         assert_eq!(single_container(&bare), None);
+    }
+
+    /// Review M7: a pod of another RuntimeClass (or none) is never checkpointed.
+    #[test]
+    fn only_opted_in_pods_are_checkpointed() {
+        let mut p = pod(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "u"},
+            "spec": {"runtimeClassName": "stasis", "containers": [{"name": "c", "image": "i"}]}
+        }));
+        assert_eq!(not_opted_in(&p, "stasis"), None);
+        p.spec.as_mut().unwrap().runtime_class_name = Some("gvisor".into());
+        let why = not_opted_in(&p, "stasis").unwrap();
+        assert!(
+            why.contains("pod web did not opt in") && why.contains("\"gvisor\""),
+            "{why}"
+        );
+        p.spec.as_mut().unwrap().runtime_class_name = None;
+        assert!(not_opted_in(&p, "stasis").unwrap().contains("is unset"));
+    }
+
+    #[test]
+    fn a_restore_names_the_lineage_of_its_checkpoint() {
+        let r = |lineage: Option<&str>| -> PodRestore {
+            serde_json::from_value(json!({
+                "apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
+                "metadata": {"name": "t", "namespace": "default"},
+                "spec": {"checkpointRef": "default_pod_a.0a/20261129T083000.123Z-1a2b3c4d",
+                         "targetPodName": "t", "lineage": lineage}
+            }))
+            .unwrap()
+        };
+        assert_eq!(restore_mismatch(&r(Some("default_pod_a.0a"))), None);
+        assert_eq!(restore_mismatch(&r(None)), None);
+        assert!(restore_mismatch(&r(Some("default_pod_b.0b")))
+            .unwrap()
+            .contains("is not a checkpoint of lineage default_pod_b.0b"));
     }
 
     #[test]

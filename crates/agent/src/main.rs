@@ -23,6 +23,10 @@ struct Args {
     /// stasis's own namespace (lineage records, data key Secrets).
     #[arg(long, env = "STASIS_NAMESPACE", default_value = "stasis")]
     namespace: String,
+    /// The RuntimeClass that opts a pod in: a PodCheckpoint of any other pod is refused before
+    /// anything is frozen.
+    #[arg(long, env = "STASIS_RUNTIME_CLASS", default_value = "stasis")]
+    runtime_class: String,
     /// Checkpoint store URL (`s3://bucket/prefix`, `file:///dir`); S3 credentials from AWS_*.
     #[arg(long, env = "STASIS_STORE")]
     store: String,
@@ -131,6 +135,7 @@ fn main() -> anyhow::Result<()> {
     let cfg = stasis_agent::run::Config {
         node_name: a.node_name,
         namespace: a.namespace,
+        runtime_class: a.runtime_class,
         store: a.store,
         cluster_key_file: Some(a.cluster_key),
         key_file: a.key_file,

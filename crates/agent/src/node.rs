@@ -24,7 +24,6 @@ use crate::status::PodKey;
 #[derive(Debug, Clone)]
 pub struct PodInfo {
     pub key: PodKey,
-    pub stamp: Stamp,
     pub spec_hash: Option<String>,
     pub declared: BTreeMap<String, String>,
     /// `metadata.deletionTimestamp` (the end of the grace period) when the pod is terminating.
@@ -40,15 +39,26 @@ pub struct PodInfo {
 pub trait Cluster: Send + Sync {
     /// The pod a container belongs to.
     fn pod(&self, pod: &PodRef) -> Option<PodInfo>;
+    /// The lineage and generation the pod's checkpoints are written under, from the lineage
+    /// record naming the pod as holder; `Err` says why there is none (the pod is then not
+    /// checkpointed).
+    fn stamp(&self, pod: &PodKey) -> std::result::Result<Stamp, String>;
     /// The fencing verdict for a stamp (reads the lineage record).
     fn fence(&self, stamp: &Stamp) -> Verdict;
     /// A checkpoint the agent started itself (termination): record it; returns its record's
     /// name.
-    fn checkpoint_started(&self, pod: &PodInfo, reason: &str, timeout: Duration) -> Option<String>;
+    fn checkpoint_started(
+        &self,
+        pod: &PodInfo,
+        stamp: &Stamp,
+        reason: &str,
+        timeout: Duration,
+    ) -> Option<String>;
     fn checkpoint_finished(
         &self,
         record: Option<&str>,
         pod: &PodInfo,
+        stamp: &Stamp,
         result: &Result<CheckpointOutcome>,
     );
     /// The wrapper's report of a restore or a cold start.
@@ -63,20 +73,18 @@ pub trait Cluster: Send + Sync {
     );
 }
 
-/// No cluster: pods are known from the container annotations alone, nothing fences, nothing is
-/// recorded.
+/// No cluster: pods are known from the container annotations alone, each writes its own
+/// lineage, nothing fences, nothing is recorded.
 pub struct Standalone;
 
 impl Cluster for Standalone {
     fn pod(&self, pod: &PodRef) -> Option<PodInfo> {
-        let key = WorkloadName::sanitize(&format!("{}_pod_{}", pod.pod_namespace, pod.pod_name));
         Some(PodInfo {
             key: PodKey {
                 namespace: pod.pod_namespace.clone(),
                 name: pod.pod_name.clone(),
                 uid: pod.pod_uid.clone(),
             },
-            stamp: fence::stamp_for_pod(&BTreeMap::new(), &key, &pod.pod_uid),
             spec_hash: None,
             declared: BTreeMap::new(),
             deletion_deadline: None,
@@ -84,13 +92,24 @@ impl Cluster for Standalone {
             restarts_in_place: true,
         })
     }
+    fn stamp(&self, pod: &PodKey) -> std::result::Result<Stamp, String> {
+        let key = WorkloadName::sanitize(&format!("{}_pod_{}", pod.namespace, pod.name));
+        Ok(fence::standalone_stamp(&key, &pod.namespace, &pod.uid))
+    }
     fn fence(&self, _stamp: &Stamp) -> Verdict {
         Verdict::NoRecord
     }
-    fn checkpoint_started(&self, _: &PodInfo, _: &str, _: Duration) -> Option<String> {
+    fn checkpoint_started(&self, _: &PodInfo, _: &Stamp, _: &str, _: Duration) -> Option<String> {
         None
     }
-    fn checkpoint_finished(&self, _: Option<&str>, _: &PodInfo, _: &Result<CheckpointOutcome>) {}
+    fn checkpoint_finished(
+        &self,
+        _: Option<&str>,
+        _: &PodInfo,
+        _: &Stamp,
+        _: &Result<CheckpointOutcome>,
+    ) {
+    }
     fn report(&self, _: &ReportRequest) {}
     fn restart_in_place(&self, _: &PodInfo, _: &str, _: std::result::Result<&str, &str>) {}
 }
@@ -186,6 +205,12 @@ impl Agent {
         if let Err(why) = &info.final_wanted {
             return skipped(why);
         }
+        // A pod the controller has not registered yet (its first second or so) holds no
+        // lineage: its stop goes on without a final checkpoint.
+        let stamp = match self.cluster.stamp(&info.key) {
+            Ok(s) => s,
+            Err(why) => return skipped(&why),
+        };
         let Some(deadline) = final_deadline(
             Instant::now(),
             SystemTime::now(),
@@ -199,7 +224,7 @@ impl Agent {
             target: Target::ContainerId(c.id.clone()),
             namespace: info.key.namespace.clone(),
             pod_name: info.key.name.clone(),
-            stamp: info.stamp.clone(),
+            stamp: stamp.clone(),
             spec_hash: info.spec_hash.clone(),
             declared: info.declared.clone(),
             reason: "Termination".into(),
@@ -232,14 +257,14 @@ impl Agent {
                     return;
                 };
                 let left = deadline.saturating_duration_since(Instant::now());
-                let record = cluster.checkpoint_started(&info, "Termination", left);
+                let record = cluster.checkpoint_started(&info, &stamp, "Termination", left);
                 let a = Agent {
                     exec,
                     cluster: cluster.clone(),
                     busy: busy.clone(),
                 };
                 let r = a.checkpoint(&job);
-                cluster.checkpoint_finished(record.as_deref(), &info, &r);
+                cluster.checkpoint_finished(record.as_deref(), &info, &stamp, &r);
                 let _ = tx.send(r);
             });
         if spawned.is_err() {

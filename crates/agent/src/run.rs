@@ -22,6 +22,8 @@ use crate::node::{Agent, Busy, Standalone};
 pub struct Config {
     pub node_name: String,
     pub namespace: String,
+    /// The RuntimeClass that opts a pod in: only its pods are checkpointed.
+    pub runtime_class: String,
     pub store: String,
     pub cluster_key_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
@@ -113,6 +115,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
     let settings = crate::kube::KubeSettings {
         node: cfg.node_name.clone(),
         namespace: cfg.namespace.clone(),
+        runtime_class: cfg.runtime_class.clone(),
         containerd_configs: cfg.containerd_configs.clone(),
         runtime_binary: cfg.runtime_binary.clone(),
         check_interval: cfg.check_interval,

@@ -210,7 +210,8 @@ mod tests {
         Stamp {
             lineage: WorkloadName::new("default_deployment_counter.aa").unwrap(),
             generation: 2,
-            claimed: true,
+            namespace: "default".into(),
+            pod_uid: "u-1".into(),
         }
     }
 

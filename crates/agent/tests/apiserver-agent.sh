@@ -3,7 +3,9 @@
 # kubelet) with real runc and CRIU: Pod objects bound to a Node object stand for the pods, and a
 # counter container started with runc carries their UIDs in its CRI annotations, which is all the
 # agent needs. Checks: node labels (ready, arch) and their removal on SIGTERM; a PodCheckpoint
-# taken to Succeeded with its status fields; the namespace's wrapped data key Secret; a PodRestore
+# taken to Succeeded with its status fields, stamped from the lineage record that names the pod's
+# UID as holder; a pod with copied lineage annotations, and a pod without the stasis RuntimeClass,
+# refused before any freeze; the namespace's wrapped data key Secret; a PodRestore
 # prepared to Ready with its plan file; fencing (a lineage record at a newer generation turns the
 # next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed and a
 # ColdStart Event; the wrapper's `restored` report → PodRestore Restored and a Restored Event; a
@@ -126,7 +128,22 @@ spec:
 EOF
     jp pod "$1" default '{.metadata.uid}'
 }
-uid_a=$(pod counter-a "{\"stasis.dev/lineage\": \"$lineage\", \"stasis.dev/generation\": \"1\"}")
+uid_a=$(pod counter-a)
+# The controller's lineage record (what the agent stamps with): held by counter-a's UID in
+# namespace default, at generation <1>; <2> is the holder-UID label.
+record() {
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: $record_name
+  namespace: stasis
+  labels: {stasis.dev/lineage-record: "true", stasis.dev/namespace: default, stasis.dev/holder-uid: "$2"}
+data:
+  lineage.json: '{"id":"$lineage","workload":"default_pod_counter-a","generation":$1,"holder":"tok","orphaned":false,"checkpoints":[],"failures":[],"bad":[]}'
+EOF
+}
+record 1 "$uid_a"
 
 # The source pod's container: runc, with CRI annotations naming counter-a's UID; stdout on a pipe.
 "$root/scripts/make-bundle" "$work/b1" STATE_MB=16 INTERVAL_MS=100 >/dev/null
@@ -187,6 +204,43 @@ else
     fail "wrapped data key Secret"
 fi
 
+# A pod that copies counter-a's lineage annotations is not counter-a: no record names it, so
+# its checkpoint is refused before anything is frozen.
+pod counter-e "{\"stasis.dev/lineage\": \"$lineage\", \"stasis.dev/generation\": \"1\"}" >/dev/null
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: PodCheckpoint
+metadata: {name: forged, namespace: default}
+spec: {sourcePodName: counter-e, reason: Manual}
+EOF
+if wait_for 30 phase_is podcheckpoint forged Failed &&
+    [[ $(jp podcheckpoint forged default '{.status.conditions[0].reason}') == Fenced ]] &&
+    jp podcheckpoint forged default '{.status.conditions[0].message}' | grep -q 'no lineage record names this pod'; then
+    pass "a pod with copied lineage annotations is not checkpointed: $(jp podcheckpoint forged default '{.status.conditions[0].message}')"
+else
+    fail "forged stamp: $(kubectl get podcheckpoint forged -o json | jq -c .status)"
+fi
+# A pod that did not opt in (no runtimeClassName) is never frozen.
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: plain, namespace: default}
+spec:
+  nodeName: test-node
+  containers: [{name: c, image: "stasis-counter:dev", imagePullPolicy: Never}]
+---
+apiVersion: stasis.dev/v1alpha1
+kind: PodCheckpoint
+metadata: {name: plain, namespace: default}
+spec: {sourcePodName: plain, reason: Manual}
+EOF
+if wait_for 30 phase_is podcheckpoint plain Failed &&
+    jp podcheckpoint plain default '{.status.conditions[0].message}' | grep -q 'did not opt in'; then
+    pass "a pod without the stasis RuntimeClass is refused: $(jp podcheckpoint plain default '{.status.conditions[0].message}')"
+else
+    fail "opt-in: $(kubectl get podcheckpoint plain -o json | jq -c .status)"
+fi
+
 # A replacement pod and its PodRestore: prepared to Ready, with the per-pod plan file.
 uid_b=$(pod counter-b)
 kubectl apply -f - >/dev/null <<EOF
@@ -241,17 +295,9 @@ else
     fail "final checkpoint: $answer; $(kubectl get podcheckpoints -o json | jq -c '[.items[] | {n: .metadata.name, s: .status.phase}]')"
 fi
 
-# Fencing: the controller's lineage record says a newer claim (generation 2) exists.
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: $record_name
-  namespace: stasis
-  labels: {stasis.dev/lineage-record: "true"}
-data:
-  lineage.json: '{"id":"$lineage","workload":"default_pod_counter-a","generation":2,"holder":"other","orphaned":false,"checkpoints":[],"failures":[],"bad":[]}'
-EOF
+# Fencing: the controller's lineage record says a newer claim (generation 2, another holder)
+# exists.
+record 2 ""
 ckpt second
 if wait_for 60 phase_is podcheckpoint second Failed &&
     [[ $(jp podcheckpoint second default '{.status.conditions[0].reason}') == Fenced ]]; then
@@ -277,8 +323,8 @@ fi
 
 metrics=$(curl -fsS "http://127.0.0.1:$metrics_port/metrics" || true)
 if grep -q 'stasis_agent_checkpoints_total{result="succeeded"} 2' <<<"$metrics" &&
-    grep -q 'stasis_agent_checkpoints_total{result="fenced"} 1' <<<"$metrics"; then
-    pass "/metrics counts the checkpoints (2 succeeded, 1 fenced)"
+    grep -q 'stasis_agent_checkpoints_total{result="fenced"} 2' <<<"$metrics"; then
+    pass "/metrics counts the checkpoints (2 succeeded, 2 fenced)"
 else
     fail "/metrics"
 fi
