@@ -2,12 +2,15 @@
 //! CRDs (docs/design.md §12.4):
 //!
 //! - on a pod, the webhook writes the lineage it claimed and the generation of the claim
-//!   ([`LINEAGE_ANNOTATION`], [`GENERATION_ANNOTATION`]); the agent stamps every checkpoint of
-//!   the pod with them (`PodCheckpoint.status.lineage`/`generation`, manifest labels);
+//!   ([`LINEAGE_ANNOTATION`], [`GENERATION_ANNOTATION`]), for people to read: nothing trusts
+//!   them, a pod's user can write them too;
 //! - the controller persists each lineage record (`stasis_core::lineage::Lineage`, JSON under
 //!   [`RECORD_KEY`]) in a ConfigMap named [`record_name`] in stasis's own namespace, labelled
-//!   [`RECORD_LABEL`]`=true`, updated with resourceVersion preconditions; the agent only reads
-//!   it, to fence (`stasis_core::lineage::may_publish`) before a checkpoint becomes visible;
+//!   [`RECORD_LABEL`]`=true`, [`RECORD_NAMESPACE_LABEL`] and, once it has seen the holder pod,
+//!   [`HOLDER_UID_LABEL`]; updated with resourceVersion preconditions. The agent only reads
+//!   records: it stamps a pod's checkpoints (`PodCheckpoint.status.lineage`/`generation`,
+//!   manifest labels) with the record naming the pod's UID, and fences
+//!   (`stasis_core::lineage::may_publish`) before a checkpoint becomes visible;
 //! - engine/model versions a workload declares are pod labels (or annotations) with the prefix
 //!   [`DECLARE_PREFIX`]: `declare.stasis.dev/engine: vllm-0.9` declares `engine=vllm-0.9`.
 
