@@ -1058,6 +1058,7 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
         .map(|c| (**c).clone())
         .collect();
     let now = now_ms();
+    relabel(ctx).await?;
     for mut r in ctx.all_records() {
         let ns = r.namespace.clone();
         let in_ns: Vec<Pod> = pods
@@ -1077,6 +1078,25 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
             now,
             ctx.cfg.phantom_after.as_millis() as u64,
         ) {
+            match ctx.records.save(&r).await {
+                Ok(_) | Err(Error::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Records written before they carried the holder-UID and namespace labels (an upgrade) are
+/// written again with them: the agents stamp checkpoints only from a labelled record.
+async fn relabel(ctx: &Context) -> Result<()> {
+    for cm in ctx.record_maps.state() {
+        let Ok(r) = Record::from_config_map(&cm) else {
+            continue;
+        };
+        let want = r.to_config_map()?.metadata.labels.unwrap_or_default();
+        let have = cm.metadata.labels.clone().unwrap_or_default();
+        if want.iter().any(|(k, v)| have.get(k) != Some(v)) {
             match ctx.records.save(&r).await {
                 Ok(_) | Err(Error::Conflict(_)) => {}
                 Err(e) => return Err(e),
@@ -1796,6 +1816,66 @@ mod tests {
         );
         assert_eq!(w[0].2["preconditions"]["resourceVersion"], "7");
         assert_eq!(ctx.metrics.records_collected.get(), 1);
+    }
+
+    /// A record written before the holder-UID label existed is written again with it (the
+    /// agents stamp only from labelled records); a labelled one is left alone.
+    #[tokio::test]
+    async fn the_sweep_labels_records_of_an_older_version() {
+        let r = record_of_a("prod");
+        let mut old = r.to_config_map().unwrap();
+        old.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(stasis_api::lineage::HOLDER_UID_LABEL);
+        let (client, seen) = routed_client(vec![]);
+        let ctx = context_with(
+            client,
+            vec![],
+            vec![],
+            vec![running_pod("2026-01-01T00:00:00Z")],
+            vec![],
+        );
+        let ctx = Arc::new(Context {
+            record_maps: store_of(vec![old]),
+            client: ctx.client.clone(),
+            records: ctx.records.clone(),
+            recorder: Recorder::new(
+                ctx.client.clone(),
+                Reporter {
+                    controller: MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            metrics: Metrics::default(),
+            cfg: ctx.cfg.clone(),
+            policies: store_of(vec![]),
+            checkpoints: store_of(vec![]),
+            restores: store_of(vec![]),
+            pods: ctx.pods.clone(),
+            skips: Mutex::new(HashMap::new()),
+            store: None,
+        });
+        sweep(&ctx).await.unwrap();
+        let w = writes(&seen);
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert_eq!(w[0].0, "PUT");
+        assert_eq!(
+            w[0].2["metadata"]["labels"][stasis_api::lineage::HOLDER_UID_LABEL],
+            "uid-1"
+        );
+        // Labelled: nothing to write.
+        let (client, seen) = routed_client(vec![]);
+        let ctx = context_with(
+            client,
+            vec![],
+            vec![r],
+            vec![running_pod("2026-01-01T00:00:00Z")],
+            vec![],
+        );
+        sweep(&ctx).await.unwrap();
+        assert!(writes(&seen).is_empty(), "{:#?}", writes(&seen));
     }
 
     /// A namespace at its cap of records gets no new one: the create is refused before it is
