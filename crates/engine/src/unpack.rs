@@ -299,7 +299,8 @@ fn refuse(archive: &Path, entry: impl Into<String>, reason: impl Into<String>) -
 pub(crate) fn check(archive: &Path, flavor: Flavor) -> Result<Checked, EngineError> {
     let mut ar = open_archive(archive)?;
     let unreadable = |e: std::io::Error| refuse(archive, "(archive)", format!("unreadable: {e}"));
-    for entry in ar.entries().map_err(unreadable)? {
+    // Headers only: file data is seeked over, not read.
+    for entry in ar.entries_with_seek().map_err(unreadable)? {
         let mut entry = entry.map_err(unreadable)?;
         member(&mut entry, flavor).map_err(|why| {
             refuse(
