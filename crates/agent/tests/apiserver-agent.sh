@@ -6,8 +6,8 @@
 # taken to Succeeded with its status fields, stamped from the lineage record that names the pod's
 # UID as holder; a pod with copied lineage annotations, and a pod without the stasis RuntimeClass,
 # refused before any freeze; the namespace's wrapped data key Secret; a PodRestore
-# prepared to Ready with its plan file; fencing (a lineage record at a newer generation turns the
-# next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed and a
+# prepared to Ready with its plan file; fencing (a lineage record claimed by another holder at a
+# newer generation turns the old holder's next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed and a
 # ColdStart Event; the wrapper's `restored` report → PodRestore Restored and a Restored Event; a
 # termination checkpoint over the socket recorded as a PodCheckpoint (reason Termination).
 #
@@ -301,7 +301,7 @@ record 2 ""
 ckpt second
 if wait_for 60 phase_is podcheckpoint second Failed &&
     [[ $(jp podcheckpoint second default '{.status.conditions[0].reason}') == Fenced ]]; then
-    pass "a checkpoint under a superseded generation is Failed/Fenced: $(jp podcheckpoint second default '{.status.conditions[0].message}')"
+    pass "after a newer claim (generation 2, another holder) the old holder's checkpoint is Failed/Fenced: $(jp podcheckpoint second default '{.status.conditions[0].message}')"
 else
     fail "fencing: $(kubectl get podcheckpoint second -o json | jq -c .status)"
 fi
