@@ -34,7 +34,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "stasis.agentServiceAccount" -}}{{ include "stasis.fullname" . }}-agent{{- end -}}
 {{- define "stasis.controllerServiceAccount" -}}{{ include "stasis.fullname" . }}-controller{{- end -}}
 {{- define "stasis.controllerService" -}}{{ include "stasis.fullname" . }}-controller{{- end -}}
-{{- define "stasis.webhookSecret" -}}{{ include "stasis.fullname" . }}-webhook-tls{{- end -}}
+{{- define "stasis.webhookSecret" -}}{{ .Values.webhook.tls.existingSecret | default (printf "%s-webhook-tls" (include "stasis.fullname" .)) }}{{- end -}}
 
 {{- define "stasis.clusterKeySecret" -}}
 {{- .Values.keys.clusterKeySecret | default (printf "%s-cluster-key" (include "stasis.fullname" .)) -}}
