@@ -260,7 +260,7 @@ impl Store {
             url: url.to_owned(),
             reason,
         };
-        let mut local_root = None;
+        let local_root: Option<PathBuf>;
         let os: Arc<dyn ObjectStore> = if !url.contains("://") {
             if url.is_empty() {
                 return Err(invalid("empty".into()));
@@ -285,11 +285,15 @@ impl Store {
                     local_root = Some(p.clone());
                     local_store(&p)?
                 }
+                #[cfg(not(feature = "s3"))]
+                "s3" => return Err(invalid("this build has no s3:// support (feature s3)".into())),
+                #[cfg(feature = "s3")]
                 "s3" => {
                     let bucket = u
                         .host_str()
                         .filter(|b| !b.is_empty())
                         .ok_or_else(|| invalid("no bucket (s3://bucket/prefix)".into()))?;
+                    local_root = None;
                     let s3 = object_store::aws::AmazonS3Builder::from_env()
                         .with_bucket_name(bucket)
                         .with_allow_http(true)
