@@ -163,6 +163,11 @@ if [ $CONTROLLER_REAL = 1 ]; then
   check "the webhook removes the stasis.dev/ keys a pod was created with (the label that skipped it too)" bash -c \
     "kubectl -n $NS get pod copied -o json | jq -e '(.metadata.labels // {} | has(\"stasis.dev/system\") | not) and (.metadata.labels[\"stasis.dev/claim-token\"] // \"\") != \"0123456789abcdef0123456789abcdef\" and (.metadata.annotations[\"stasis.dev/lineage\"] // \"\") != \"x\"'"
   kubectl -n "$NS" delete pod copied --wait=false >/dev/null 2>&1
+  # scripts/cluster gives the API server a client certificate for webhooks and the chart its CA:
+  # an admission review from anywhere else ends in the TLS handshake
+  out=$(echo '{}' | kubectl -n "$NS" exec -i opted-in -- /testapp request POST "https://stasis-controller.$SNS.svc/mutate" - 2>&1)
+  check "the webhook serves only the API server: a review from a pod is refused in the TLS handshake ($(tr '\n' ' ' <<<"$out" | cut -c1-100))" \
+    grep -Eq "tls: (certificate required|handshake failure|bad certificate)" <<<"$out"
 fi
 
 # ------------------------------------------------------------------ upgrade and rollout leave the nodes alone
