@@ -276,14 +276,14 @@ fn member<R: Read>(entry: &mut tar::Entry<'_, R>, flavor: Flavor) -> Result<Memb
     })
 }
 
+/// The archive, buffered with `buf` bytes: large for reading it through, small for the
+/// header-only check, whose every seek drops the buffer.
 fn open_archive(
     archive: &Path,
+    buf: usize,
 ) -> Result<tar::Archive<std::io::BufReader<std::fs::File>>, EngineError> {
     let f = std::fs::File::open(archive).map_err(EngineError::io(archive))?;
-    Ok(tar::Archive::new(std::io::BufReader::with_capacity(
-        1 << 20,
-        f,
-    )))
+    Ok(tar::Archive::new(std::io::BufReader::with_capacity(buf, f)))
 }
 
 fn refuse(archive: &Path, entry: impl Into<String>, reason: impl Into<String>) -> EngineError {
@@ -297,7 +297,7 @@ fn refuse(archive: &Path, entry: impl Into<String>, reason: impl Into<String>) -
 /// Reads the whole archive and refuses it, naming the entry, if any member is something a
 /// restore never does. Nothing is touched.
 pub(crate) fn check(archive: &Path, flavor: Flavor) -> Result<Checked, EngineError> {
-    let mut ar = open_archive(archive)?;
+    let mut ar = open_archive(archive, 8 << 10)?;
     let unreadable = |e: std::io::Error| refuse(archive, "(archive)", format!("unreadable: {e}"));
     // Headers only: file data is seeked over, not read.
     for entry in ar.entries_with_seek().map_err(unreadable)? {
@@ -465,12 +465,22 @@ fn write_data(
                 "the archive ends inside the file's data",
             ));
         }
-        for chunk in buf[..n].chunks(BLOCK) {
-            if chunk.iter().all(|b| *b == 0) {
-                f.seek(SeekFrom::Current(chunk.len() as i64))?;
+        // Runs of data are written at once, runs of zero blocks skipped.
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            let zero = |c: &[u8]| c.iter().all(|b| *b == 0);
+            let first_zero = rest.chunks(BLOCK).next().is_some_and(zero);
+            let run = rest
+                .chunks(BLOCK)
+                .take_while(|c| zero(c) == first_zero)
+                .map(<[u8]>::len)
+                .sum::<usize>();
+            if first_zero {
+                f.seek(SeekFrom::Current(run as i64))?;
             } else {
-                f.write_all(chunk)?;
+                f.write_all(&rest[..run])?;
             }
+            rest = &rest[run..];
         }
         pos += n as u64;
         left -= n as u64;
@@ -541,7 +551,7 @@ impl Checked {
     pub(crate) fn apply(&self, target: &Path) -> Result<(), EngineError> {
         let root = rustix::fs::open(target, dir_flags(), Mode::empty())
             .map_err(|e| EngineError::io(target)(e.into()))?;
-        let mut ar = open_archive(&self.archive)?;
+        let mut ar = open_archive(&self.archive, 1 << 20)?;
         let unreadable =
             |e: std::io::Error| refuse(&self.archive, "(archive)", format!("unreadable: {e}"));
         // Directories get their owner, mode and times once everything in them is there.
