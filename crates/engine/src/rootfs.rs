@@ -808,9 +808,10 @@ mod tests {
             assert!(err.contains(name) && err.contains("device node"), "{err}");
             assert!(!fresh.join("before").exists(), "changed before refusing");
         }
-        // Not even a 0/0 character device in a plain rootfs: there it is no whiteout.
+        // Not even a 0/0 character device in a plain rootfs: there it is no whiteout. Refused
+        // before the plain method's deletions run (the empty path list would delete `image`).
         let (_t, _outside, fresh, image) = confinement_world();
-        std::fs::write(image.rootfs_paths(), b"").ok();
+        write(&fresh.join("image"), "from the image");
         let mut a = Crafted::new(&image);
         a.whiteout("./w");
         a.done();
@@ -819,6 +820,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("./w") && err.contains("device node"), "{err}");
+        assert!(fresh.join("image").exists(), "deleted before refusing");
     }
 
     #[test]
