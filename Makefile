@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images platform demo test lint unit integration e2e e2e-install e2e-restore e2e-security bench clean cluster-up cluster-down
+.PHONY: help setup build images platform demo test lint unit fuzz integration e2e e2e-install e2e-restore e2e-security bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,6 +27,10 @@ lint: ## formatting, clippy and CRD drift, as CI runs them
 
 unit: ## unit tests (no privileges needed)
 	$(CARGO) test --locked --workspace --lib --bins
+
+FUZZ_SECONDS ?= 20
+fuzz: ## bounded fuzzing of the parsers of untrusted input, FUZZ_SECONDS per target (fuzz/run.sh; stable Rust)
+	fuzz/run.sh $(FUZZ_SECONDS)
 
 platform: ## build Kubernetes, containerd, etcd, CoreDNS, Helm, s3s-fs from source (cached in ~/.cache/stasis)
 	scripts/build-platform
@@ -57,6 +61,7 @@ e2e-security: setup images ## only the security review's attacks on the local cl
 test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc), e2e (local cluster)
 	$(CARGO) build --locked --workspace --all-targets
 	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory integration
 	$(MAKE) --no-print-directory e2e
 
