@@ -36,6 +36,7 @@ SYS=stasis-system
 STATUS_URL=http://stasis-controller.$SYS.svc:9464
 WEBHOOK_URL=https://stasis-controller.$SYS.svc/mutate
 FAILED_NAMES=()
+H3DENIED=""
 
 pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
 fail() { FAILED=$((FAILED + 1)); FAILED_NAMES+=("$1"); echo "not ok - $1${2:+: $2}"; }
@@ -117,10 +118,12 @@ visible() {
   if [ -n "$out" ]; then pass "$tag: refused visibly: $(cut -c1-160 <<<"$out")"; return; fi
   d=$(kubectl -n "$ns" get pod "$pod" -o jsonpath='{.metadata.annotations.stasis\.dev/decision}' 2>/dev/null)
   why=$(kubectl -n "$ns" get pod "$pod" -o jsonpath='{.metadata.annotations.stasis\.dev/decision-reason}' 2>/dev/null)
-  ev=$(pod_events "$ns" "$pod" | grep -Ev '^(Scheduled|Pulled|Created|Started|Killing|SandboxChanged|BackOff):' | head -3 | tr '\n' ';')
-  if [ "$d" = ColdStart ] && [ -n "$why" ]; then pass "$tag: refused visibly: decision ColdStart, $(cut -c1-140 <<<"$why")"
-  elif [ -n "$ev" ] && [ "$d" != Restore ]; then pass "$tag: refused visibly: Event $(cut -c1-140 <<<"$ev")"
-  else fail "$tag: refused visibly (an admission denial, a ColdStart decision with its reason, or an Event)" "decision '${d:-none}', Events: ${ev:-none}"
+  ev=$(pod_events "$ns" "$pod" | grep -Ev '^(Scheduled|Pulled|Created|Started|Killing|SandboxChanged|BackOff|Unhealthy):' | sort -u | tr '\n' ';')
+  if grep -Eq '(^|;)(RestoreDecided|Restored):' <<<"$ev"; then
+    fail "$tag: refused visibly (an admission denial, a ColdStart decision with its reason, or an Event)" "a restore was decided: $(cut -c1-200 <<<"$ev")"
+  elif [ "$d" = ColdStart ] && [ -n "$why" ]; then pass "$tag: refused visibly: decision ColdStart, $(cut -c1-140 <<<"$why")"
+  elif [ -n "$ev" ]; then pass "$tag: refused visibly: Event $(cut -c1-160 <<<"$ev")"
+  else fail "$tag: refused visibly (an admission denial, a ColdStart decision with its reason, or an Event)" "decision '${d:-none}', Events: none"
   fi
 }
 # a pod spec like the victim's, as an attacker would write it (no node, no injected parts)
@@ -136,9 +139,13 @@ restored_from() { kubectl -n "$NS" get prestore "$1" -o jsonpath='{.spec.checkpo
 # wait until the pod's decision has been handled by the controller (reported) or N seconds pass
 settle() { retry "$3" bash -c "[ -n \"\$(kubectl -n $1 get pod $2 -o jsonpath='{.metadata.annotations.stasis\\.dev/decision-reported}')\" ]" || true; sleep 3; }
 ask() { # ask TOKEN?: the attacker pod GETs the victim's restore status; prints "status N" and the body
-  local b=(); [ "${1:-}" = token ] && b=(--bearer /var/run/stasis/token)
+  local b=(); [ "$1" = token ] && b=(--bearer /var/run/stasis/token)
   kubectl -n "$NSA" exec client -- /testapp request "${b[@]}" GET "$STATUS_URL/v1/restores/$NS/$V" 2>&1
 }
+
+# (for the checks that run them under bash -c)
+export NS NSA SYS
+export -f ann record restored_from
 
 # ------------------------------------------------------------------ up, install
 up_and_install
@@ -178,7 +185,7 @@ if first_pod P1 setup "$NS" web; then
   V=$(wait_replacement "$NS" web "$P1" 120) || { fail "setup: the replacement of $P1 counts"; diagnose "$NS"; }
 fi
 [ -n "$V" ] || finish
-check "setup: $V restored from the final checkpoint of $P1 ($(restored_from "$V"))" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore $V -o jsonpath='{.status.phase}')\" = Restored ]"
+check "setup: $V restored from the final checkpoint of $P1" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore $V -o jsonpath='{.status.phase}')\" = Restored ]"
 L=$(ann "$NS" "$V" lineage); G=$(ann "$NS" "$V" generation)
 T=$(kubectl -n "$NS" get pod "$V" -o jsonpath='{.metadata.labels.stasis\.dev/claim-token}')
 REF=$(kubectl -n "$NS" get prestore "$V" -o jsonpath='{.spec.checkpointRef}')
@@ -188,14 +195,17 @@ echo "#   record: $(record "$L")"
 check "setup: the victim's lineage record holds $V" bash -c "[ \"\$(record '$L' | jq -r .holder_uid)\" = \"\$(kubectl -n $NS get pod $V -o jsonpath='{.metadata.uid}')\" ]"
 check "setup: dev's client pod runs" retry 60 bash -c "[ \"\$(kubectl -n $NSA get pod client -o jsonpath='{.status.phase}')\" = Running ]"
 SPEC=$(attacker_spec "$V")
+# what the attacker copies of the victim's labels: the declared versions a restore must match
+DECL=$(kubectl -n "$NS" get pod "$V" -o json | jq -c '.metadata.labels | with_entries(select(.key | startswith("declare.stasis.dev/")))')
+with_decl() { jq -c --argjson d "$DECL" '. + $d' <<<"$1"; }
 # ids an answer to an attacker must not contain
 leaks() { grep -oE "$(printf '%s|' "$L" "$CKPT_ID" restore-from | sed 's/|$//')" <<<"$1" | sort -u | tr '\n' ' '; }
 
 # ------------------------------------------------------------------ M4
 echo "# --- M4: the status endpoint, asked from another namespace"
-for how in none token; do
+for how in no-credentials token; do
   out=$(ask "$how"); lk=$(leaks "$out")
-  echo "# GET $STATUS_URL/v1/restores/$NS/$V (${how/none/no credentials}${how/token/ with dev\'s own token}): $(tr '\n' ' ' <<<"$out" | cut -c1-200)"
+  echo "# GET $STATUS_URL/v1/restores/$NS/$V ($how): $(tr '\n' ' ' <<<"$out" | cut -c1-200)"
   if [ -z "$lk" ]; then pass "M4: asked from $NSA ($how), the status endpoint reveals no lineage or checkpoint id"
   else fail "M4: asked from $NSA ($how), the status endpoint reveals no lineage or checkpoint id" "it answered $lk"; fi
 done
@@ -205,7 +215,7 @@ echo "# --- H1: the claim token and decision of a restored pod on dev's own pod"
 h1() { # TAG NAME LABELS ANNOTATIONS
   local tag=$1 name=$2 out
   snapshot "$tag" "$V" "$L"
-  out=$(attacker_pod "$name" "$3" "$4" "$SPEC" | dev -n "$NS" create -f - 2>&1) && out=""
+  out=$(attacker_pod "$name" "$(with_decl "$3")" "$4" "$SPEC" | dev -n "$NS" create -f - 2>&1) && out=""
   echo "# dev creates pod $name: ${out:-created}"
   [ -z "$out" ] && settle "$NS" "$name" 15
   no_restore_for "$tag" "$NS" "$name"
@@ -214,18 +224,15 @@ h1() { # TAG NAME LABELS ANNOTATIONS
 }
 h1 H1a h1-system "{\"stasis.dev/system\": \"true\", \"stasis.dev/claim-token\": \"$T\"}" '{"stasis.dev/decision": "Restore"}'
 h1 H1b h1-token "{\"stasis.dev/claim-token\": \"$T\"}" '{"stasis.dev/decision": "Restore"}'
-# c: a pod created as anyone's, then given the token and the decision with kubectl
+# c: the H1b pod (the webhook made it ColdStart), its decision set back to Restore with kubectl
 snapshot H1c "$V" "$L"
-attacker_pod h1-annotate '{}' '{}' "$SPEC" | dev -n "$NS" create -f - >/dev/null 2>&1
-settle "$NS" h1-annotate 15
-out=$( { dev -n "$NS" label pod h1-annotate "stasis.dev/claim-token=$T" --overwrite &&
-  dev -n "$NS" annotate pod h1-annotate stasis.dev/decision=Restore --overwrite stasis.dev/decision-reported-; } 2>&1) && out=""
-echo "# dev labels and annotates h1-annotate: ${out:-done}"
+out=$(dev -n "$NS" annotate pod h1-token stasis.dev/decision=Restore --overwrite stasis.dev/decision-reported- 2>&1) && out=""
+echo "# dev annotates h1-token: ${out:-done}"
 [ -z "$out" ] && sleep 12
-no_restore_for H1c "$NS" h1-annotate
+no_restore_for H1c "$NS" h1-token
 untouched H1c "$V" "$L"
-visible H1c "$NS" h1-annotate "$out"
-dev -n "$NS" delete pod h1-system h1-token h1-annotate --grace-period=1 --wait=false >/dev/null 2>&1
+visible H1c "$NS" h1-token "$out"
+dev -n "$NS" delete pod h1-system h1-token --grace-period=1 --wait=false >/dev/null 2>&1
 
 # ------------------------------------------------------------------ M1 and H2, while web's lineage is orphaned
 echo "# --- M1 and H2: web scaled to 0 by dev (its lineage orphaned after a final checkpoint)"
@@ -295,10 +302,10 @@ echo "# lineage records before: $R0, after three forged reviews of new workloads
 echo "# answer to the first: $(head -c 300 "$WORK/ghost1")"
 check "H2: forged reviews of new workloads create no lineage records ($R0 -> $R1)" test "$R1" -le "$R0"
 review web-abc abc | kubectl -n "$NSA" exec -i client -- /testapp request POST "$WEBHOOK_URL" - >"$WORK/h2" 2>&1
-ANS=$(cat "$WORK/h2"); PATCH=$(sed -n '/^{/p' "$WORK/h2" | jq -r '.response.patch // empty' 2>/dev/null | base64 -d 2>/dev/null)
+ANS=$(cat "$WORK/h2"); PATCH=$(sed -n '/^{/p' "$WORK/h2" | jq -r '.response.patch // empty | if type == "array" then implode else @base64d end' 2>/dev/null)
 echo "# forged review of a pod of web (ReplicaSet web-abc): $(grep -v '^{' <<<"$ANS" | tr '\n' ' ')"
 echo "#   patch: $(cut -c1-400 <<<"$PATCH")"
-lk=$(leaks "$ANS $PATCH")
+lk=$(leaks "$(grep -v '^{' <<<"$ANS") $PATCH")
 if [ -z "$lk" ]; then pass "H2: the answer names no lineage or checkpoint of web"; else fail "H2: the answer names no lineage or checkpoint of web" "it names $lk"; fi
 untouched H2 "" "$L"
 no_restore_for H2 "$NS" web-abc
@@ -321,7 +328,7 @@ echo "# victim $V: lineage $L generation $G"
 echo "# --- H3a: a bare pod with web's lineage and generation, and a PodCheckpoint of it"
 h3() { # TAG NS POD N: dev's pod with the victim's stamp, and N PodCheckpoints of it
   local tag=$1 ns=$2 pod=$3 n=$4 out i denied=""
-  out=$(attacker_pod "$pod" '{"made": "by-dev"}' "{\"stasis.dev/lineage\": \"$L\", \"stasis.dev/generation\": \"$G\"}" "$SPEC" | dev -n "$ns" create -f - 2>&1) && out=""
+  out=$(attacker_pod "$pod" "$(with_decl '{"made": "by-dev"}')" "{\"stasis.dev/lineage\": \"$L\", \"stasis.dev/generation\": \"$G\"}" "$SPEC" | dev -n "$ns" create -f - 2>&1) && out=""
   echo "# dev creates pod $ns/$pod: ${out:-created}"
   [ -z "$out" ] || { untouched "$tag" "$V" "$L"; visible "$tag" "$ns" "$pod" "$out"; return 1; }
   retry 60 counting "$ns" "$pod" || echo "# ($ns/$pod does not count: $(kubectl -n "$ns" get pod "$pod" --no-headers 2>&1))"
@@ -337,6 +344,14 @@ h3() { # TAG NS POD N: dev's pod with the victim's stamp, and N PodCheckpoints o
   sleep 3
   H3DENIED=$denied
 }
+# h3_visible TAG NS POD: the PodCheckpoints of dev's pod were refused at creation, or failed
+# saying why
+h3_visible() {
+  local r; r=$(kubectl -n "$2" get pckpt -o json | jq -r --arg p "$3-" '[.items[] | select(.metadata.name | startswith($p)) | select(.status.phase == "Failed") | "\(.status.reason // "") \(.status.message // "")" | select(test("[a-zA-Z]"))] | unique | join("; ")')
+  if [ -n "$H3DENIED" ]; then pass "$1: refused visibly: $(cut -c1-160 <<<"$H3DENIED")"
+  elif [ -n "$r" ]; then pass "$1: refused visibly: the PodCheckpoint failed: $(cut -c1-160 <<<"$r")"
+  else fail "$1: refused visibly (the PodCheckpoint denied, or failed with its reason)" "$(kubectl -n "$2" get pckpt -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}; {end}')"; fi
+}
 snapshot H3a "$V" "$L"
 H3REFS=""
 if h3 H3a "$NS" h3-bare 1; then
@@ -345,11 +360,11 @@ if h3 H3a "$NS" h3-bare 1; then
   ph=$(kubectl -n "$NS" get pckpt h3-bare-1 -o jsonpath='{.status.phase}: {.status.reason} {.status.message}')
   if [ -z "$H3REFS" ] || ! grep -qF "$L/" <<<"$H3REFS"; then pass "H3a: dev's pod's checkpoint is not stamped into web's lineage (${ph:0:160})"
   else fail "H3a: dev's pod's checkpoint is not stamped into web's lineage" "$H3REFS"; fi
-  visible H3a "$NS" h3-bare "${H3DENIED:-$(grep -E '^Failed' <<<"$ph")}"
+  h3_visible H3a "$NS" h3-bare
 fi
 kubectl -n "$NS" delete pod h3-bare --grace-period=1 --wait=false >/dev/null 2>&1
-echo "# web's pod $V deleted with a 1 s grace period (no final checkpoint): its replacement"
-kubectl -n "$NS" delete pod "$V" --grace-period=1 --wait=false >/dev/null
+echo "# web's pod $V deleted by dev at once (--grace-period=0 --force: no final checkpoint): its replacement"
+dev -n "$NS" delete pod "$V" --grace-period=0 --force --wait=false >/dev/null 2>&1
 OLD=$V
 V=$(wait_replacement "$NS" web "$OLD" 120) || { fail "H3a: web's replacement counts"; diagnose "$NS"; finish; }
 retry 30 bash -c "kubectl -n $NS get prestore $V -o jsonpath='{.status.phase}' | grep -q ." || true
@@ -364,8 +379,7 @@ echo "# --- H3b: the same from dev's own namespace, keepLast+1 times"
 snapshot H3b "$V" "$L"
 if h3 H3b "$NSA" h3-other 4; then
   untouched H3b "$V" "$L"
-  ph=$(kubectl -n "$NSA" get pckpt -o jsonpath='{range .items[*]}{.status.phase} {.status.reason}; {end}')
-  visible H3b "$NSA" h3-other "${H3DENIED:-$(grep -q Failed <<<"$ph" && echo "PodCheckpoints: $ph")}"
+  h3_visible H3b "$NSA" h3-other
 fi
 kubectl -n "$NSA" delete pod h3-other --grace-period=1 --wait=false >/dev/null 2>&1
 
