@@ -361,15 +361,15 @@ h3() { # TAG NS POD N: dev's pod with the victim's stamp, and N PodCheckpoints o
   # (the node's one checkpoint worker takes them one after the other)
   retry $((30 + 15 * n)) bash -c "[ \"\$(kubectl -n $ns get pckpt -o json | jq '[.items[] | select(.metadata.name | startswith(\"$pod-\")) | select(.status.phase == \"Succeeded\" or .status.phase == \"Failed\")] | length')\" = \"\$(kubectl -n $ns get pckpt -o name | grep -c /$pod-)\" ]" ||
     echo "# (not all PodCheckpoints of $pod finished)"
-  kubectl -n "$ns" get pckpt -o json | jq -r --arg p "$pod-" '.items[] | select(.metadata.name | startswith($p)) | "#   \(.metadata.name): \(.status.phase) \(.status.reason // "") \(.status.lineage // "") \(.status.checkpointRef // "") \(.status.message // "" | .[0:160])"'
+  kubectl -n "$ns" get pckpt -o json | jq -r --arg p "$pod-" '.items[] | select(.metadata.name | startswith($p)) | "#   \(.metadata.name): \(.status.phase) \(.status.lineage // "") \(.status.checkpointRef // "") \([.status.conditions[]? | "\(.reason): \(.message)"] | join(", ") | .[0:200])"'
   sleep 3
 }
 # h3_visible TAG NS POD: the PodCheckpoints of dev's pod were refused at creation, or failed
 # saying why
 h3_visible() {
-  local r; r=$(kubectl -n "$2" get pckpt -o json | jq -r --arg p "$3-" '[.items[] | select(.metadata.name | startswith($p)) | select(.status.phase == "Failed") | "\(.status.reason // "") \(.status.message // "")" | select(test("[a-zA-Z]"))] | unique | join("; ")')
-  if [ -n "$H3DENIED" ]; then pass "$1: refused visibly: $(cut -c1-160 <<<"$H3DENIED")"
-  elif [ -n "$r" ]; then pass "$1: refused visibly: the PodCheckpoint failed: $(cut -c1-160 <<<"$r")"
+  local r; r=$(kubectl -n "$2" get pckpt -o json | jq -r --arg p "$3-" '[.items[] | select(.metadata.name | startswith($p)) | select(.status.phase == "Failed") | .status.conditions[]? | "\(.reason): \(.message)" | select(test("[a-zA-Z]"))] | unique | join("; ")')
+  if [ -n "$r" ]; then pass "$1: refused visibly: the PodCheckpoint failed: $(cut -c1-160 <<<"$r")"
+  elif [ -n "$H3DENIED" ]; then pass "$1: refused visibly: $(cut -c1-160 <<<"$H3DENIED")"
   else fail "$1: refused visibly (the PodCheckpoint denied, or failed with its reason)" "$(kubectl -n "$2" get pckpt -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}; {end}')"; fi
 }
 snapshot H3a "$V" "$L"
@@ -378,7 +378,7 @@ h3 H3a "$NS" h3-bare 1
 if true; then
   H3REFS=$(kubectl -n "$NS" get pckpt h3-bare-1 -o jsonpath='{.status.checkpointRef}')
   untouched H3a "$V" "$L"
-  ph=$(kubectl -n "$NS" get pckpt h3-bare-1 -o jsonpath='{.status.phase}: {.status.reason} {.status.message}')
+  ph=$(kubectl -n "$NS" get pckpt h3-bare-1 -o json | jq -r '"\(.status.phase): \([.status.conditions[]? | "\(.reason): \(.message)"] | join(", "))"')
   if [ -z "$H3REFS" ] || ! grep -qF "$L/" <<<"$H3REFS"; then pass "H3a: dev's pod's checkpoint is not stamped into web's lineage (${ph:0:160})"
   else fail "H3a: dev's pod's checkpoint is not stamped into web's lineage" "$H3REFS"; fi
   h3_visible H3a "$NS" h3-bare
