@@ -25,7 +25,7 @@ use stasis_api::{
 };
 use stasis_core::lineage::{retention, Lineage, LineageCheckpoint};
 use stasis_core::policy::parse_duration;
-use stasis_core::reference::{CheckpointId, CheckpointRef, WorkloadName};
+use stasis_core::reference::{CheckpointId, CheckpointRef};
 
 use crate::keys::*;
 use crate::metrics::Metrics;
@@ -159,15 +159,15 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
         let mut found = ctx.record_with_token(&ns, t);
         if found.is_none() {
             // The record cache may lag behind the webhook's write (two watch streams): ask the
-            // API server before concluding the pod holds nothing.
-            if let Some(workload) = workload_of(&pod) {
+            // API server for the record the pod's lineage annotation names (only stasis sets
+            // it: the webhook strips it from what users send, the admission policy refuses it)
+            // before concluding the pod holds nothing. The token must still match below.
+            if let Some(lineage) = pod.annotations().get(LINEAGE_ANNOTATION) {
                 found = ctx
                     .records
-                    .of_workload(&workload)
+                    .get(lineage)
                     .await?
-                    .into_iter()
-                    .filter(|r| r.namespace == ns && r.lineage.holder.as_deref() == Some(t))
-                    .max_by_key(|r| (!r.lineage.orphaned, r.lineage.generation));
+                    .filter(|r| r.namespace == ns && r.lineage.holder.as_deref() == Some(t));
             }
         }
         match found {
@@ -249,6 +249,17 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                 .await;
                 return Ok(Action::requeue(Duration::from_secs(600)));
             }
+            Err(Error::UnverifiedIdentity(reason)) => {
+                tracing::warn!(pod = %pod.name_any(), namespace = %ns, %reason, "no new lineage: the pod's owners could not be verified");
+                ctx.event(
+                    &pod.object_ref(&()),
+                    EventType::Warning,
+                    "CheckpointSkipped",
+                    format!("no checkpoints for this pod: {reason}"),
+                )
+                .await;
+                return Ok(Action::requeue(Duration::from_secs(600)));
+            }
             Err(e) => return Err(e),
         },
     };
@@ -295,9 +306,13 @@ async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Action> {
 async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
     let ns = pod.namespace().unwrap_or_default();
     let uid = pod_uid(pod);
-    let workload = podfacts::workload_identity(pod)
-        .map_err(|_| Error::Missing("pod without a workload identity"))?
-        .key();
+    // Owners verified by UID, as at admission: a guess from names would let a user's
+    // ReplicaSet `web-zz9` start a lineage of Deployment `web`, which web's replacements could
+    // then claim (docs/design.md §10.2).
+    let workload = match crate::webhook::verified_identity(&ctx.client, &ns, pod).await? {
+        Ok(identity) => identity.key(),
+        Err((_, reason)) => return Err(Error::UnverifiedIdentity(reason)),
+    };
     let existing: Vec<Lineage> = ctx
         .all_records()
         .into_iter()
@@ -1269,14 +1284,10 @@ pub async fn run(setup: Setup) -> Result<()> {
     Ok(())
 }
 
-/// The workload key of a pod, for tests and logs.
-pub fn workload_of(pod: &Pod) -> Option<WorkloadName> {
-    podfacts::workload_identity(pod).ok().map(|w| w.key())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stasis_core::reference::WorkloadName;
     use std::sync::Mutex as StdMutex;
 
     type Seen = Arc<StdMutex<Vec<(String, String, serde_json::Value)>>>;

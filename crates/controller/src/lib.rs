@@ -50,6 +50,10 @@ pub enum Error {
     /// A JSON value could not be (de)serialised.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// A pod's owners are not what its references say (absent, or another UID): it gets no
+    /// lineage.
+    #[error("its owners could not be verified: {0}")]
+    UnverifiedIdentity(String),
     /// A namespace has as many lineage records as `--max-records-per-namespace` allows.
     #[error("namespace {namespace} has {cap} lineage records, the most allowed (--max-records-per-namespace): no new lineage is started; the sweep deletes those of workloads that are gone and hold no checkpoints")]
     RecordCap { namespace: String, cap: usize },
@@ -69,6 +73,7 @@ impl Error {
             Error::Json(_) => "json",
             Error::Missing(_) => "missing",
             Error::RecordCap { .. } => "record_cap",
+            Error::UnverifiedIdentity(_) => "unverified_identity",
         }
     }
 }
