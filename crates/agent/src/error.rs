@@ -16,7 +16,7 @@ pub enum AgentError {
     },
     #[error("no app container of pod {pod_uid} found in runc root {root}")]
     NoContainer { pod_uid: String, root: PathBuf },
-    #[error("pod {pod_uid} has {count} app containers; round 1 checkpoints pods with one")]
+    #[error("pod {pod_uid} has {count} app containers; stasis checkpoints pods with exactly one app container")]
     ManyContainers { pod_uid: String, count: usize },
     #[error("container {0} is unknown to runc or is a pod sandbox")]
     UnknownContainer(String),
@@ -38,6 +38,14 @@ impl AgentError {
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| AgentError::Io { path, source }
+    }
+
+    /// The checkpoint's objects are gone or damaged in the store (a deleted manifest, a missing
+    /// or corrupt chunk, an oversized object): what a writer to the bucket without the keys can
+    /// cause. The controller treats it as an alarm and cold-starts; it never falls back to an
+    /// older checkpoint for it (docs/security.md).
+    pub fn is_integrity_failure(&self) -> bool {
+        matches!(self, AgentError::Store(e) if e.is_integrity_failure())
     }
 
     /// A short, stable label for metrics.

@@ -489,18 +489,39 @@ impl KubeCluster {
                 self.rt.block_on(self.patch_restore_status(&ns, &name, &s));
             }
             Err(e) => {
-                let msg = format!("cold start: {e}");
-                warn!(restore = %name, error = %e, "restore preparation failed: the pod cold-starts");
-                let s = status::restore(
+                let damaged = e.is_integrity_failure();
+                let msg = if damaged {
+                    format!("cold start: the checkpoint is damaged in the store, which only a writer to the bucket can cause; stasis does not fall back to older memory: {e}")
+                } else {
+                    format!("cold start: {e}")
+                };
+                warn!(restore = %name, error = %e, damaged, "restore preparation failed: the pod cold-starts");
+                let mut s = status::restore(
                     &fetching,
                     RestorePhase::Failed,
                     &self.node,
                     Some(msg.clone()),
                     status::now(),
                 );
+                let mut event = "ColdStart";
+                if damaged {
+                    // The reason is the typed signal the controller acts on (an integrity
+                    // alarm on the lineage instead of the restore-loop fallback).
+                    event = stasis_api::condition::reason::CHECKPOINT_DAMAGED;
+                    stasis_api::condition::set_condition(
+                        &mut s.conditions,
+                        stasis_api::condition::READY,
+                        false,
+                        stasis_api::condition::reason::CHECKPOINT_DAMAGED,
+                        msg.clone(),
+                        None,
+                        status::now(),
+                    );
+                    self.exec.metrics.restore("damaged");
+                }
                 self.rt.block_on(async {
                     self.patch_restore_status(&ns, &name, &s).await;
-                    self.emit(&info.key, "ColdStart", &msg, true).await;
+                    self.emit(&info.key, event, &msg, true).await;
                 });
             }
         }

@@ -27,6 +27,9 @@ pub mod reason {
     pub const RESTORED: &str = "Restored";
     /// A `PodRestore` that ended in a cold start.
     pub const COLD_START: &str = "ColdStart";
+    /// A `PodRestore` that failed because the checkpoint's objects are gone or damaged in the
+    /// store: an alarm; the lineage cold-starts rather than restoring older memory.
+    pub const CHECKPOINT_DAMAGED: &str = "CheckpointDamaged";
     /// A `CheckpointPolicy` whose spec was refused (e.g. `interval: auto`).
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// A `CheckpointPolicy` that is valid and applied.

@@ -959,8 +959,22 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         Some(RestorePhase::Restored) => r.lineage.record_restore_success(),
         Some(RestorePhase::Failed) | Some(RestorePhase::ColdStart) => {
             let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
-            let signature = failure_signature(&message);
-            r.lineage.record_restore_failure(&id, &signature);
+            if restore_found_damage(status) {
+                // Damage in the store is an alarm, never a reason to go back to older memory.
+                ctx.metrics.checkpoints_damaged.inc();
+                tracing::warn!(restore = %pr.name_any(), namespace = %ns, lineage = %r.lineage.id, checkpoint = %id, %message, "checkpoint damaged in the store");
+                ctx.event(
+                    &pr.object_ref(&()),
+                    EventType::Warning,
+                    reason::CHECKPOINT_DAMAGED,
+                    format!("checkpoint {id} of lineage {} is gone or damaged in the store; its pods cold-start until a newer checkpoint is published (older memory is never restored for it)", r.lineage.id),
+                )
+                .await;
+                r.lineage.record_integrity_failure(&id, &message, now_ms());
+            } else {
+                let signature = failure_signature(&message);
+                r.lineage.record_restore_failure(&id, &signature);
+            }
         }
         _ => return Ok(Action::await_change()),
     }
@@ -973,6 +987,16 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         )
         .await?;
     Ok(Action::await_change())
+}
+
+/// True when the agent reported that the restore found the checkpoint's objects gone or
+/// damaged in the store (its `Ready` condition's reason, a typed signal, not message text).
+fn restore_found_damage(status: Option<&PodRestoreStatus>) -> bool {
+    status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == condition::READY && c.reason == reason::CHECKPOINT_DAMAGED)
+    })
 }
 
 /// Why a `PodRestore` must not touch the record of the lineage it names (`None`: it may): the
@@ -1287,6 +1311,7 @@ pub async fn run(setup: Setup) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stasis_core::lineage::RestoreChoice;
     use stasis_core::reference::WorkloadName;
     use std::sync::Mutex as StdMutex;
 
@@ -1710,6 +1735,66 @@ mod tests {
                 assert_eq!(w.len(), 1, "{w:#?}");
                 assert_eq!(w[0].2["status"]["phase"], "Failed");
                 assert!(w[0].2["status"]["message"].as_str().unwrap().contains(why));
+            }
+        }
+    }
+
+    /// A restore that found its checkpoint damaged in the store (the agent's typed reason)
+    /// raises the lineage's integrity alarm: the next choice is a cold start, never the older
+    /// checkpoint the restore-loop guard would fall back to for an ordinary failure.
+    #[tokio::test]
+    async fn a_damaged_checkpoint_raises_an_alarm_instead_of_a_rollback() {
+        let mut r = record_of_a("prod");
+        let l = r.lineage.id.clone();
+        let ids: Vec<CheckpointId> = (1..=2u64)
+            .map(|i| CheckpointId::from_parts(1_700_000_000_000 + i * 10_000, i as u32))
+            .collect();
+        for id in &ids {
+            r.lineage
+                .publish(LineageCheckpoint {
+                    id: id.clone(),
+                    generation: r.lineage.generation,
+                    created_unix_ms: 1,
+                })
+                .unwrap();
+        }
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
+        for (reason, alarm) in [(reason::CHECKPOINT_DAMAGED, true), ("RestoreFailed", false)] {
+            let (client, seen) = routed_client(vec![(
+                cm_path.clone(),
+                serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+            )]);
+            let pr: PodRestore = serde_json::from_value(json!({
+                "apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
+                "metadata": {"name": "t", "namespace": "prod"},
+                "spec": {"checkpointRef": format!("{l}/{}", ids[1]), "targetPodName": "t", "lineage": l.as_str()},
+                "status": {"phase": "Failed", "message": "cold start: store: manifest missing",
+                           "conditions": [{"type": "Ready", "status": "False", "reason": reason,
+                                           "message": "m", "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
+            }))
+            .unwrap();
+            let ctx = context_with(client, vec![], vec![r.clone()], vec![], vec![]);
+            reconcile_restore(Arc::new(pr), ctx).await.unwrap();
+            let w = writes(&seen);
+            let saved = w
+                .iter()
+                .find(|(_, p, _)| p.contains("configmaps"))
+                .unwrap_or_else(|| panic!("record not saved: {w:#?}"));
+            let saved =
+                Record::from_config_map(&serde_json::from_value(saved.2.clone()).unwrap()).unwrap();
+            assert_eq!(saved.lineage.integrity_alarm.is_some(), alarm, "{reason}");
+            let choice = saved.lineage.restore_choice();
+            if alarm {
+                assert!(
+                    matches!(choice, RestoreChoice::ColdStart(ref why) if why.contains("damaged")),
+                    "{choice:?}"
+                );
+            } else {
+                // One ordinary failure: the same checkpoint may still be tried.
+                assert!(
+                    matches!(choice, RestoreChoice::Checkpoint { .. }),
+                    "{choice:?}"
+                );
             }
         }
     }

@@ -55,6 +55,9 @@ pub struct Metrics {
     pub refused: Family<ReasonLabel, Counter>,
     /// Lineage records deleted by the sweep (workload gone, no checkpoints).
     pub records_collected: Counter,
+    /// Restores that found their checkpoint gone or damaged in the store (an alarm: the
+    /// lineage cold-starts instead of restoring older memory).
+    pub checkpoints_damaged: Counter,
 }
 
 impl Default for Metrics {
@@ -72,6 +75,7 @@ impl Default for Metrics {
             leader: Gauge::default(),
             refused: Family::default(),
             records_collected: Counter::default(),
+            checkpoints_damaged: Counter::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register("reconcile_errors", "Reconcile errors", m.errors.clone());
@@ -110,6 +114,11 @@ impl Default for Metrics {
             "records_collected",
             "Lineage records deleted by the sweep",
             m.records_collected.clone(),
+        );
+        registry.register(
+            "checkpoints_damaged",
+            "Restores that found their checkpoint gone or damaged in the store",
+            m.checkpoints_damaged.clone(),
         );
         Self {
             registry: Arc::new(registry),

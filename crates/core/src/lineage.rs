@@ -84,6 +84,21 @@ pub struct Lineage {
     /// the final checkpoint will hold).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_since_unix_ms: Option<u64>,
+    /// A restore found a checkpoint's stored objects gone or damaged (a deleted manifest, a
+    /// missing or corrupt chunk): anyone who can write to the bucket can cause that, so it is an
+    /// alarm, not a reason to go back to older memory. While set, every restore choice is a cold
+    /// start; the next published checkpoint clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity_alarm: Option<IntegrityAlarm>,
+}
+
+/// See [`Lineage::integrity_alarm`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntegrityAlarm {
+    pub checkpoint: CheckpointId,
+    /// What the store found, as the restoring agent reported it.
+    pub cause: String,
+    pub unix_ms: u64,
 }
 
 /// Tries of one checkpoint (failing in different ways) before it is marked bad.
@@ -169,6 +184,7 @@ impl Lineage {
             bad: Vec::new(),
             final_deadline_unix_ms: None,
             final_since_unix_ms: None,
+            integrity_alarm: None,
         }
     }
 
@@ -215,6 +231,15 @@ impl Lineage {
         }
         let created_unix_ms = checkpoint.created_unix_ms;
         if !self.checkpoints.iter().any(|c| c.id == checkpoint.id) {
+            // A checkpoint newer than the damaged one holds newer memory: restoring it is no
+            // rollback, so it ends the alarm.
+            if self
+                .integrity_alarm
+                .as_ref()
+                .is_some_and(|a| checkpoint.id > a.checkpoint)
+            {
+                self.integrity_alarm = None;
+            }
             self.checkpoints.push(checkpoint);
             self.checkpoints.sort_by(|a, b| a.id.cmp(&b.id));
         }
@@ -230,6 +255,12 @@ impl Lineage {
     /// The restore-loop guard: walk checkpoints newest first, skipping bad ones; after
     /// [`MAX_BAD_BACKOFF`] bad ones, cold start.
     pub fn restore_choice(&self) -> RestoreChoice {
+        if let Some(a) = &self.integrity_alarm {
+            return RestoreChoice::ColdStart(format!(
+                "checkpoint {} of lineage {} is damaged in the store ({}); stasis does not fall back to older memory: the next checkpoint ends this",
+                a.checkpoint, self.id, a.cause
+            ));
+        }
         let mut skipped = 0;
         for c in self.checkpoints.iter().rev() {
             if self.bad.contains(&c.id) {
@@ -257,6 +288,25 @@ impl Lineage {
                 self.id
             ))
         }
+    }
+
+    /// A restore found `checkpoint`'s objects gone or damaged in the store: never restored
+    /// again, and no older checkpoint either until a newer one is published
+    /// ([`Lineage::integrity_alarm`]).
+    pub fn record_integrity_failure(
+        &mut self,
+        checkpoint: &CheckpointId,
+        cause: &str,
+        now_ms: u64,
+    ) {
+        if !self.bad.contains(checkpoint) {
+            self.bad.push(checkpoint.clone());
+        }
+        self.integrity_alarm = Some(IntegrityAlarm {
+            checkpoint: checkpoint.clone(),
+            cause: cause.chars().take(200).collect(),
+            unix_ms: now_ms,
+        });
     }
 
     /// Remembers a failed restore (or a restored pod that failed). The checkpoint becomes bad
@@ -634,5 +684,49 @@ mod tests {
         assert_eq!(del.len(), 4);
         // keep_last 0 is treated as 1: the latest is never deleted.
         assert_eq!(retention(&l, 0, None, 0, &[]).len(), 4);
+    }
+
+    #[test]
+    fn a_damaged_checkpoint_cold_starts_instead_of_rolling_back() {
+        let mut l = lineage_with("ns_deploy_app", "uid-1", &[1_000, 2_000, 3_000]);
+        let newest = l.latest().unwrap().id.clone();
+        // An ordinary failure twice marks it bad and falls back to the previous checkpoint...
+        let mut ordinary = l.clone();
+        ordinary.record_restore_failure(&newest, "restore: runc failed");
+        ordinary.record_restore_failure(&newest, "restore: runc failed");
+        assert!(matches!(
+            ordinary.restore_choice(),
+            RestoreChoice::Checkpoint { ref id, .. } if id == &ck(2_000, 1).id
+        ));
+        // ...a damaged one (its manifest deleted from the bucket) never does.
+        l.record_integrity_failure(&newest, "manifest missing", 4_000);
+        assert!(l.bad.contains(&newest));
+        match l.restore_choice() {
+            RestoreChoice::ColdStart(why) => {
+                assert!(why.contains("damaged in the store"), "{why}");
+                assert!(why.contains("manifest missing"), "{why}");
+            }
+            other => panic!("rolled back to older memory: {other:?}"),
+        }
+        // It survives a round trip through the record.
+        let back: Lineage = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+        assert_eq!(back.integrity_alarm, l.integrity_alarm);
+        // An older checkpoint published late does not end it; a newer one does.
+        l.publish(ck(500, l.generation)).unwrap();
+        assert!(l.integrity_alarm.is_some());
+        l.publish(ck(5_000, l.generation)).unwrap();
+        assert!(l.integrity_alarm.is_none());
+        assert!(matches!(
+            l.restore_choice(),
+            RestoreChoice::Checkpoint { ref id, .. } if id == &ck(5_000, 1).id
+        ));
+        // Records written before the field existed read as no alarm.
+        let mut old =
+            serde_json::to_value(lineage_with("ns_deploy_app", "uid-1", &[1_000])).unwrap();
+        old.as_object_mut().unwrap().remove("integrity_alarm");
+        assert!(serde_json::from_value::<Lineage>(old)
+            .unwrap()
+            .integrity_alarm
+            .is_none());
     }
 }
