@@ -135,7 +135,7 @@ attacker_pod() {
   jq -n --arg n "$1" --argjson l "$2" --argjson a "$3" --argjson s "$4" \
     '{apiVersion: "v1", kind: "Pod", metadata: {name: $n, labels: $l, annotations: $a}, spec: $s}'
 }
-restored_from() { kubectl -n "$NS" get prestore "$1" -o jsonpath='{.spec.checkpointRef} {.status.phase}' 2>/dev/null; }
+restored_from() { kubectl -n "$NS" get prestore "$1" -o jsonpath='{.spec.checkpointRef} {.status.phase} {.status.message}' 2>/dev/null; }
 # wait until the pod's decision has been handled by the controller (reported) or N seconds pass
 settle() { retry "$3" bash -c "[ -n \"\$(kubectl -n $1 get pod $2 -o jsonpath='{.metadata.annotations.stasis\\.dev/decision-reported}')\" ]" || true; sleep 3; }
 ask() { # ask TOKEN?: the attacker pod GETs the victim's restore status; prints "status N" and the body
