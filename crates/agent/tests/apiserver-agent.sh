@@ -7,8 +7,8 @@
 # UID as holder; a pod with copied lineage annotations, and a pod without the stasis RuntimeClass,
 # refused before any freeze; the namespace's wrapped data key Secret; a PodRestore
 # prepared to Ready with its plan file; fencing (a lineage record claimed by another holder at a
-# newer generation turns the old holder's next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed and a
-# ColdStart Event; the wrapper's `restored` report → PodRestore Restored and a Restored Event; a
+# newer generation turns the old holder's next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed with
+# the reason and Event CheckpointDamaged; the wrapper's `restored` report → PodRestore Restored and a Restored Event; a
 # termination checkpoint over the socket recorded as a PodCheckpoint (reason Termination).
 #
 # Usage: apiserver-agent.sh <stasisd> <stasis-runc> <lineage> <record-name>
@@ -314,9 +314,13 @@ kind: PodRestore
 metadata: {name: counter-c, namespace: default}
 spec: {checkpointRef: "$lineage/20200101T000000.000Z-00000000", targetPodName: counter-c}
 EOF
+# A checkpoint whose manifest is gone is damage in the store, an alarm (the typed reason
+# CheckpointDamaged, on the PodRestore's Ready condition and the Event), never a plain failure the
+# controller would answer by restoring older memory.
 if wait_for 60 phase_is podrestore counter-c Failed &&
-    wait_for 10 sh -c "kubectl get events -n default --field-selector involvedObject.name=counter-c,reason=ColdStart -o name | grep -q ."; then
-    pass "a missing checkpoint: PodRestore Failed, ColdStart Event ($(jp podrestore counter-c default '{.status.message}'))"
+    [ "$(jp podrestore counter-c default '{.status.conditions[?(@.type=="Ready")].reason}')" = CheckpointDamaged ] &&
+    wait_for 10 sh -c "kubectl get events -n default --field-selector involvedObject.name=counter-c,reason=CheckpointDamaged -o name | grep -q ."; then
+    pass "a missing checkpoint: PodRestore Failed, reason and Event CheckpointDamaged ($(jp podrestore counter-c default '{.status.message}'))"
 else
     fail "missing checkpoint: $(kubectl get podrestore counter-c -o json | jq -c .status)"
 fi
