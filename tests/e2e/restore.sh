@@ -46,24 +46,7 @@ finish() {
 . "$REPO/tests/e2e/lib.sh"
 
 # ------------------------------------------------------------------ up, install
-t=$(date +%s.%N)
-if ! "$CLUSTER" up; then fail "scripts/cluster up"; finish; fi
-echo "# cluster up: $(secs "$t") s"
-eval "$("$CLUSTER" env)"
-t=$(date +%s.%N)
-[ -f "$REPO/target/images/stasis-counter.oci.tar" ] || "$REPO/scripts/build-counter-image" >/dev/null
-"$CLUSTER" load-image "$REPO/target/images/stasis-counter.oci.tar" >/dev/null
-out=$("$CLUSTER" install-stasis 2>&1); rc=$?
-echo "$out" | sed 's/^/# /'
-check "scripts/cluster install-stasis" test $rc -eq 0
-[ $rc -eq 0 ] || finish
-echo "# images and install: $(secs "$t") s"
-VALUES=$(helm get values stasis -n stasis-system -a -o json)
-if [ "$(jq -r .agent.standIn <<<"$VALUES")" = true ] || [ "$(jq -r .controller.standIn <<<"$VALUES")" = true ]; then
-  fail "stasisd and stasis-controller installed (not stand-ins)"; finish
-fi
-check "both nodes labelled stasis.dev/ready=true by their agents" retry 60 bash -c \
-  "test \"\$(kubectl get nodes -l stasis.dev/ready=true -o name | wc -l)\" -ge 2"
+up_and_install
 
 # ------------------------------------------------------------------ a. drain
 if want a; then
