@@ -18,7 +18,8 @@ fn crds_against_a_real_apiserver() {
     eprint!("{stderr}");
     match out.status.code() {
         Some(0) => {}
-        Some(77) => eprintln!("skipped: {}", stdout.trim()),
+        // CI builds the platform first (make integration): a skip there hides a broken setup.
+        Some(77) if std::env::var_os("CI").is_none() => eprintln!("skipped: {}", stdout.trim()),
         other => panic!("apiserver-crds.sh failed ({other:?}):\n{stdout}\n{stderr}"),
     }
 }
