@@ -28,6 +28,7 @@ use rustix::io::Errno;
 use tracing::debug;
 
 use crate::error::EngineError;
+use crate::tarball::{Header, Reader};
 
 /// How the archive was captured, which decides what whiteouts and opaque markers mean.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,8 @@ struct Member {
     opaque: bool,
     /// GNU's PAX sparse format 1.0: the data starts with the map; the file is this long.
     sparse_size: Option<u64>,
+    /// The length of the member's data in the archive.
+    size: u64,
 }
 
 #[derive(Debug)]
@@ -127,54 +130,46 @@ fn pax_time(v: &[u8]) -> Option<Timespec> {
     })
 }
 
-/// Reads what an entry asks for (not its data), refusing what this extractor never does.
-fn member<R: Read>(entry: &mut tar::Entry<'_, R>, flavor: Flavor) -> Result<Member, String> {
-    let bad = |what: &str, e: std::io::Error| format!("{what}: {e}");
-    let mut path_raw = entry.path_bytes().into_owned();
+/// Reads what a member asks for (not its data), refusing what this extractor never does.
+fn member(h: &Header, flavor: Flavor) -> Result<Member, String> {
+    let mut path_raw = h.path.clone();
     let mut xattrs = Vec::new();
     let mut opaque = false;
     let (mut mtime, mut atime) = (None, None);
     let (mut sparse_major, mut sparse_minor, mut sparse_name, mut sparse_size) =
         (None, None, None, None);
-    if let Some(exts) = entry
-        .pax_extensions()
-        .map_err(|e| bad("unreadable PAX header", e))?
-    {
-        for ext in exts {
-            let ext = ext.map_err(|e| bad("unreadable PAX header", e))?;
-            let (k, v) = (ext.key_bytes(), ext.value_bytes());
-            if let Some(name) = k.strip_prefix(b"SCHILY.xattr.") {
-                if name == b"trusted.overlay.opaque" && flavor == Flavor::OverlayUpper {
-                    opaque = v == b"y";
-                } else if name.starts_with(b"user.") || name == b"security.capability" {
-                    xattrs.push((OsStr::from_bytes(name).to_owned(), v.to_vec()));
-                } else {
-                    debug!(
-                        xattr = %String::from_utf8_lossy(name),
-                        "extended attribute not restored: only user.* and security.capability are"
-                    );
-                }
+    for (k, v) in &h.pax {
+        if let Some(name) = k.strip_prefix(b"SCHILY.xattr.") {
+            if name == b"trusted.overlay.opaque" && flavor == Flavor::OverlayUpper {
+                opaque = v == b"y";
+            } else if name.starts_with(b"user.") || name == b"security.capability" {
+                xattrs.push((OsStr::from_bytes(name).to_owned(), v.to_vec()));
             } else {
-                match k {
-                    b"mtime" => mtime = pax_time(v),
-                    b"atime" => atime = pax_time(v),
-                    b"GNU.sparse.major" => sparse_major = Some(v.to_vec()),
-                    b"GNU.sparse.minor" => sparse_minor = Some(v.to_vec()),
-                    b"GNU.sparse.name" => sparse_name = Some(v.to_vec()),
-                    b"GNU.sparse.realsize" => {
-                        sparse_size = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
-                        if sparse_size.is_none() {
-                            return Err("a sparse file with an unreadable size".into());
-                        }
+                debug!(
+                    xattr = %String::from_utf8_lossy(name),
+                    "extended attribute not restored: only user.* and security.capability are"
+                );
+            }
+        } else {
+            match k.as_slice() {
+                b"mtime" => mtime = pax_time(v),
+                b"atime" => atime = pax_time(v),
+                b"GNU.sparse.major" => sparse_major = Some(v.to_vec()),
+                b"GNU.sparse.minor" => sparse_minor = Some(v.to_vec()),
+                b"GNU.sparse.name" => sparse_name = Some(v.to_vec()),
+                b"GNU.sparse.realsize" => {
+                    sparse_size = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+                    if sparse_size.is_none() {
+                        return Err("a sparse file with an unreadable size".into());
                     }
-                    k if k.starts_with(b"GNU.sparse.") => {
-                        return Err(format!(
-                            "a sparse file in a format stasis does not read ({}); only GNU's PAX format 1.0 is",
-                            String::from_utf8_lossy(k)
-                        ))
-                    }
-                    _ => {}
                 }
+                k if k.starts_with(b"GNU.sparse.") => {
+                    return Err(format!(
+                        "a sparse file in a format stasis does not read ({}); only GNU's PAX format 1.0 is",
+                        String::from_utf8_lossy(k)
+                    ))
+                }
+                _ => {}
             }
         }
     }
@@ -193,26 +188,23 @@ fn member<R: Read>(entry: &mut tar::Entry<'_, R>, flavor: Flavor) -> Result<Memb
         sparse_size = None;
     }
     let path = components(&path_raw)?;
-    let h = entry.header();
-    let kind = match h.entry_type() {
-        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-            Kind::File
+    let kind = match h.typeflag {
+        b'0' | b'\0' | b'7' => Kind::File,
+        b'5' => Kind::Dir,
+        b'2' => {
+            if h.link.is_empty() {
+                return Err("a symlink without a target".into());
+            }
+            Kind::Symlink(h.link.clone())
         }
-        tar::EntryType::Directory => Kind::Dir,
-        tar::EntryType::Symlink => Kind::Symlink(
-            entry
-                .link_name_bytes()
-                .ok_or("a symlink without a target")?
-                .into_owned(),
-        ),
-        tar::EntryType::Link => {
-            let target = entry
-                .link_name_bytes()
-                .ok_or("a hard link without a target")?;
-            let target = components(&target).map_err(|why| {
+        b'1' => {
+            if h.link.is_empty() {
+                return Err("a hard link without a target".into());
+            }
+            let target = components(&h.link).map_err(|why| {
                 format!(
                     "a hard link to {why} ({}): it would leave the rootfs",
-                    String::from_utf8_lossy(&target)
+                    String::from_utf8_lossy(&h.link)
                 )
             })?;
             if target.is_empty() {
@@ -220,27 +212,29 @@ fn member<R: Read>(entry: &mut tar::Entry<'_, R>, flavor: Flavor) -> Result<Memb
             }
             Kind::HardLink(target)
         }
-        tar::EntryType::Fifo => Kind::Fifo,
-        tar::EntryType::Char
-            if flavor == Flavor::OverlayUpper
-                && h.device_major().ok().flatten() == Some(0)
-                && h.device_minor().ok().flatten() == Some(0) =>
-        {
+        b'6' => Kind::Fifo,
+        b'3' if flavor == Flavor::OverlayUpper && h.dev_major == 0 && h.dev_minor == 0 => {
             Kind::Whiteout
         }
-        tar::EntryType::Char | tar::EntryType::Block => {
+        b'3' | b'4' => {
             return Err(format!(
                 "a device node ({} {}:{}): a restore never creates devices",
-                if h.entry_type() == tar::EntryType::Char {
-                    "char"
-                } else {
-                    "block"
-                },
-                h.device_major().ok().flatten().unwrap_or(0),
-                h.device_minor().ok().flatten().unwrap_or(0)
+                if h.typeflag == b'3' { "char" } else { "block" },
+                h.dev_major,
+                h.dev_minor
             ))
         }
-        other => return Err(format!("an entry of unsupported type {other:?}")),
+        b'S' => {
+            return Err(
+                "a sparse file in GNU's old format; only GNU's PAX format 1.0 is read".into(),
+            )
+        }
+        other => {
+            return Err(format!(
+                "an entry of unsupported type {:?}",
+                char::from(other)
+            ))
+        }
     };
     if path.is_empty() && !matches!(kind, Kind::Dir) {
         return Err("the archive's root is not a directory".into());
@@ -248,15 +242,14 @@ fn member<R: Read>(entry: &mut tar::Entry<'_, R>, flavor: Flavor) -> Result<Memb
     if sparse_size.is_some() && !matches!(kind, Kind::File) {
         return Err("sparse data on an entry that is not a file".into());
     }
-    let id = |v: std::io::Result<u64>, what: &str| -> Result<u32, String> {
-        let v = v.map_err(|e| bad(what, e))?;
+    let id = |v: u64, what: &str| -> Result<u32, String> {
         u32::try_from(v).map_err(|_| format!("{what} {v} is out of range"))
     };
-    let mode = h.mode().map_err(|e| bad("unreadable mode", e))? & 0o7777;
-    let uid = id(h.uid(), "owner")?;
-    let gid = id(h.gid(), "group")?;
+    let mode = (h.mode & 0o7777) as u32;
+    let uid = id(h.uid, "owner")?;
+    let gid = id(h.gid, "group")?;
     if mtime.is_none() {
-        let t = h.mtime().map_err(|e| bad("unreadable mtime", e))?;
+        let t = h.mtime;
         mtime = Some(Timespec {
             tv_sec: i64::try_from(t).map_err(|_| format!("mtime {t} is out of range"))?,
             tv_nsec: 0,
@@ -273,6 +266,7 @@ fn member<R: Read>(entry: &mut tar::Entry<'_, R>, flavor: Flavor) -> Result<Memb
         xattrs,
         opaque,
         sparse_size,
+        size: h.size,
     })
 }
 
@@ -281,9 +275,9 @@ fn member<R: Read>(entry: &mut tar::Entry<'_, R>, flavor: Flavor) -> Result<Memb
 fn open_archive(
     archive: &Path,
     buf: usize,
-) -> Result<tar::Archive<std::io::BufReader<std::fs::File>>, EngineError> {
+) -> Result<Reader<std::io::BufReader<std::fs::File>>, EngineError> {
     let f = std::fs::File::open(archive).map_err(EngineError::io(archive))?;
-    Ok(tar::Archive::new(std::io::BufReader::with_capacity(buf, f)))
+    Ok(Reader::new(std::io::BufReader::with_capacity(buf, f)))
 }
 
 fn refuse(archive: &Path, entry: impl Into<String>, reason: impl Into<String>) -> EngineError {
@@ -300,12 +294,11 @@ pub(crate) fn check(archive: &Path, flavor: Flavor) -> Result<Checked, EngineErr
     let mut ar = open_archive(archive, 8 << 10)?;
     let unreadable = |e: std::io::Error| refuse(archive, "(archive)", format!("unreadable: {e}"));
     // Headers only: file data is seeked over, not read.
-    for entry in ar.entries_with_seek().map_err(unreadable)? {
-        let mut entry = entry.map_err(unreadable)?;
-        member(&mut entry, flavor).map_err(|why| {
+    while let Some(h) = ar.next().map_err(unreadable)? {
+        member(&h, flavor).map_err(|why| {
             refuse(
                 archive,
-                String::from_utf8_lossy(&entry.path_bytes()).into_owned(),
+                String::from_utf8_lossy(&h.path).into_owned(),
                 format!("{why}; the archive was refused before anything was changed"),
             )
         })?;
@@ -513,13 +506,9 @@ fn map_number(r: &mut impl Read, consumed: &mut u64) -> std::io::Result<u64> {
 }
 
 /// Writes a member's data into `f`.
-fn write_file<R: Read>(
-    f: &mut std::fs::File,
-    entry: &mut tar::Entry<'_, R>,
-    m: &Member,
-) -> std::io::Result<()> {
+fn write_file(f: &mut std::fs::File, entry: &mut impl Read, m: &Member) -> std::io::Result<()> {
     let Some(real) = m.sparse_size else {
-        let end = write_data(f, entry, 0, entry.size())?;
+        let end = write_data(f, entry, 0, m.size)?;
         return f.set_len(end);
     };
     // GNU's PAX sparse 1.0: count, then offset/size pairs, one number a line, padded to 512;
@@ -556,16 +545,15 @@ impl Checked {
             |e: std::io::Error| refuse(&self.archive, "(archive)", format!("unreadable: {e}"));
         // Directories get their owner, mode and times once everything in them is there.
         let mut dirs = Vec::new();
-        for entry in ar.entries().map_err(unreadable)? {
-            let mut entry = entry.map_err(unreadable)?;
-            let m = member(&mut entry, self.flavor).map_err(|why| {
+        while let Some(h) = ar.next().map_err(unreadable)? {
+            let m = member(&h, self.flavor).map_err(|why| {
                 refuse(
                     &self.archive,
-                    String::from_utf8_lossy(&entry.path_bytes()).into_owned(),
+                    String::from_utf8_lossy(&h.path).into_owned(),
                     why,
                 )
             })?;
-            self.put(&root, &mut entry, &m)
+            self.put(&root, &mut ar.data(), &m)
                 .map_err(|why| refuse(&self.archive, display(&m.path), why))?;
             if matches!(m.kind, Kind::Dir) {
                 dirs.push(m);
@@ -600,12 +588,7 @@ impl Checked {
     }
 
     /// Applies one member.
-    fn put<R: Read>(
-        &self,
-        root: &OwnedFd,
-        entry: &mut tar::Entry<'_, R>,
-        m: &Member,
-    ) -> Result<(), String> {
+    fn put(&self, root: &OwnedFd, entry: &mut impl Read, m: &Member) -> Result<(), String> {
         let Some((name, parent_path)) = m.path.split_last() else {
             // The archive's root: the target itself.
             if m.opaque {
