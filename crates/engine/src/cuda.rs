@@ -30,11 +30,12 @@
 //! CHECKPOINTED processes and leaves them alone).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use serde::Serialize;
 pub use stasis_core::gpu::GpuFingerprint;
 pub use stasis_gpu::detect::Procfs;
-use stasis_gpu::{detect, Suspension};
+use stasis_gpu::{detect, Suspension, WithDeadline};
 pub use stasis_gpu::{
     CheckpointApi, Driver, GpuError as CudaError, GpuPair, GpuProbe, GpuUuid, PhaseTimings,
     ProcessState,
@@ -43,6 +44,78 @@ pub use stasis_gpu::{
 /// Lock timeout when the caller has none: CRIU's default `--timeout` (10 s), which CRIU's own
 /// CUDA plugin uses too.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Environment variable CRIU reads for its plugin directory (`criu/plugin.c`).
+pub const CRIU_LIBS_DIR_ENV: &str = "CRIU_LIBS_DIR";
+/// The empty plugin directory stasis gives CRIU when it can create one there.
+pub const EMPTY_CRIU_PLUGIN_DIR: &str = "/run/stasis/criu-no-plugins";
+
+/// What a stasis binary does to its own environment first thing in `main`, before any thread
+/// exists (changing the environment races with threads that read it); returns what it did, to
+/// be logged once logging is set up:
+///
+/// - removes `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` ([`stasis_gpu::driver::unmask_device_view`]):
+///   stasis drives other processes' GPUs and must see every GPU the driver has;
+/// - points CRIU, and runc's CRIU, at an empty plugin directory ([`EMPTY_CRIU_PLUGIN_DIR`]) through
+///   `CRIU_LIBS_DIR`, unless the operator set one: where a node has CRIU's own CUDA plugin
+///   (`/usr/lib/criu/cuda_plugin.so`) it would act on the CUDA processes stasis already drives
+///   (restore them without UUID pairs, spawn `cuda-checkpoint` inside the freeze, and mark every
+///   image as needing the plugin, which a node without it then cannot restore).
+pub fn prepare_process_env() -> Vec<String> {
+    let mut did: Vec<String> = stasis_gpu::driver::unmask_device_view()
+        .into_iter()
+        .map(|(k, v)| format!("removed {k}={v} from stasis's environment (it must see every GPU)"))
+        .collect();
+    if std::env::var_os(CRIU_LIBS_DIR_ENV).is_some() {
+        did.push(format!(
+            "{CRIU_LIBS_DIR_ENV} set by the operator: CRIU loads its plugins from there"
+        ));
+        return did;
+    }
+    match empty_plugin_dir(std::path::Path::new(EMPTY_CRIU_PLUGIN_DIR)) {
+        Ok(()) => std::env::set_var(CRIU_LIBS_DIR_ENV, EMPTY_CRIU_PLUGIN_DIR),
+        Err(why) => did.push(format!(
+            "CRIU keeps its default plugin directory (a CUDA plugin there would act on CUDA \
+             processes too): {why}"
+        )),
+    }
+    did
+}
+
+/// Makes `dir` an empty directory only this user can write, or says why it cannot be used. CRIU
+/// runs as root and loads every `.so` in its plugin directory, so one that someone else could
+/// have written to is refused rather than trusted.
+pub fn empty_plugin_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let shown = dir.display();
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {shown}: {e}"))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {shown}: {e}")),
+    }
+    let md = std::fs::symlink_metadata(dir).map_err(|e| format!("{shown}: {e}"))?;
+    if !md.is_dir() {
+        return Err(format!("{shown} is not a directory"));
+    }
+    if md.uid() != nix::unistd::geteuid().as_raw() || md.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{shown} is not a directory only this user can write (owner {}, mode {:o})",
+            md.uid(),
+            md.mode() & 0o7777
+        ));
+    }
+    let mut entries = std::fs::read_dir(dir).map_err(|e| format!("{shown}: {e}"))?;
+    if let Some(Ok(e)) = entries.next() {
+        return Err(format!(
+            "{shown} is not empty ({}): stasis will not point CRIU at plugins it did not choose",
+            e.file_name().to_string_lossy()
+        ));
+    }
+    Ok(())
+}
 
 /// The process-wide CUDA driver; `None` on a machine without one (or without the checkpoint API).
 pub fn driver() -> Option<Arc<Driver>> {
@@ -74,7 +147,7 @@ pub fn cuda_processes(pids: &[i32]) -> Vec<i32> {
         return Vec::new();
     }
     match driver() {
-        Some(d) => confirm(d.as_ref(), &candidates),
+        Some(d) => confirm(guarded(d).as_ref(), &candidates),
         None => Vec::new(),
     }
 }
@@ -87,11 +160,56 @@ fn confirm(api: &dyn CheckpointApi, candidates: &[i32]) -> Vec<i32> {
         .collect()
 }
 
+/// How stasis's GPU steps of one checkpoint went, for reports: each phase, the bytes the driver
+/// moved, and how long the workload's CUDA calls were blocked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GpuCheckpointReport {
+    /// CUDA processes checkpointed.
+    pub processes: u32,
+    /// Loading libcuda and `cuInit` in this process (0 when an earlier call already did).
+    pub driver_load_ms: f64,
+    /// Lock all, checkpoint all; restore all and unlock all (leave-running only).
+    #[serde(flatten)]
+    pub phases: PhaseTimings,
+    /// GPU memory the checkpoint released, by NVML (in use before the lock minus in use once
+    /// checkpointed, over all GPUs): what the driver copied into host memory. More than the
+    /// workload's own data (allocator caches, library workspaces, the contexts); `None` when NVML
+    /// did not answer.
+    pub bytes_moved: Option<u64>,
+    /// The workload's CUDA calls were blocked for this long: from the first lock to the last
+    /// unlock (leave-running), or to the end of the dump (stop, where the workload ends).
+    pub blocked_ms: f64,
+}
+
+/// How stasis's GPU steps of one restore went, for reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GpuRestoreReport {
+    /// CUDA processes restored.
+    pub processes: u32,
+    /// Loading libcuda and `cuInit` in this process (0 when an earlier call already did).
+    pub driver_load_ms: f64,
+    /// Restore all (host memory → GPU), unlock all.
+    #[serde(flatten)]
+    pub phases: PhaseTimings,
+    /// Whether the processes were restored onto other GPUs than recorded (UUID pairs, r580+).
+    pub remapped: bool,
+    /// Every GPU step of the restore: driver load, NVML, restore, unlock.
+    pub total_ms: f64,
+}
+
+pub(crate) fn ms_f64(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
 /// CUDA processes locked and checkpointed for a CRIU dump. Resume or discard it; dropping it
-/// resumes (restore + unlock) whatever is still held.
+/// resumes (restore + unlock) whatever is still held, and kills a process that cannot be resumed.
 #[derive(Debug)]
 pub struct SuspendedGpu {
     inner: Suspension,
+    gpus: GpuFingerprint,
+    driver_load: Duration,
+    blocked_since: Instant,
+    bytes_moved: Option<u64>,
 }
 
 impl SuspendedGpu {
@@ -100,20 +218,75 @@ impl SuspendedGpu {
         self.inner.pids()
     }
 
+    /// The GPUs of this node when they were checkpointed: record them with the checkpoint (a
+    /// restore compares them with its node's).
+    pub fn fingerprint(&self) -> &GpuFingerprint {
+        &self.gpus
+    }
+
     /// Lock and checkpoint times.
     pub fn timings(&self) -> PhaseTimings {
         self.inner.timings()
     }
 
-    /// Leave-running path, after the CRIU dump: restore all, then unlock all.
-    pub fn resume(self) -> Result<PhaseTimings, CudaError> {
-        self.inner.resume()
+    fn report(&self, phases: PhaseTimings) -> GpuCheckpointReport {
+        GpuCheckpointReport {
+            processes: self.inner.pids().len() as u32,
+            driver_load_ms: ms_f64(self.driver_load),
+            phases,
+            bytes_moved: self.bytes_moved,
+            blocked_ms: ms_f64(self.blocked_since.elapsed()),
+        }
+    }
+
+    /// Leave-running path, after the CRIU dump: restore all, then unlock all. A process that
+    /// cannot be resumed has been killed when this returns its error
+    /// ([`CudaError::NotResumed`]): it would otherwise block in CUDA for ever.
+    pub fn resume(self) -> Result<GpuCheckpointReport, CudaError> {
+        let mut report = self.report(PhaseTimings::default());
+        report.phases = self.inner.resume()?;
+        report.blocked_ms = ms_f64(self.blocked_since.elapsed());
+        Ok(report)
     }
 
     /// `--stop` path: CRIU killed the processes after dumping them; nothing to resume.
-    pub fn discard(self) -> PhaseTimings {
-        self.inner.discard()
+    pub fn discard(self) -> GpuCheckpointReport {
+        let r = self.report(self.inner.timings());
+        self.inner.discard();
+        r
     }
+}
+
+/// Kills a CUDA process that could not be brought back to RUNNING: left CHECKPOINTED or LOCKED
+/// it would block in its next CUDA call for ever, and a failed restore cannot be retried
+/// (cuda-checkpoint #44). Killing a process whose GPU state is in host memory is safe (unlike a
+/// live restored one, cuda-checkpoint #53).
+fn kill_stranded(pid: i32) {
+    tracing::error!(
+        pid,
+        "CUDA process could not be resumed after the checkpoint; killing it (cold start)"
+    );
+    if let Err(e) = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    ) {
+        tracing::warn!(pid, error = %e, "could not kill the stranded CUDA process");
+    }
+}
+
+/// The CUDA driver with a deadline on every call ([`stasis_gpu::WithDeadline`]).
+fn guarded(driver: Arc<Driver>) -> Arc<dyn CheckpointApi> {
+    Arc::new(WithDeadline::new(
+        driver,
+        stasis_gpu::deadline::call_deadline(),
+    ))
+}
+
+/// GPU memory in use over all GPUs (NVML); `None` when NVML does not answer.
+fn gpu_memory_used() -> Option<u64> {
+    stasis_gpu::nvml::memory_used()
+        .ok()
+        .and_then(|v| v.into_iter().sum::<Option<u64>>())
 }
 
 /// Locks (each with `lock_timeout`) and then checkpoints every CUDA process among `pids`.
@@ -127,6 +300,7 @@ pub fn suspend(pids: &[i32], lock_timeout: Duration) -> Result<Option<SuspendedG
     if procfs.gpu_candidates(pids).is_empty() {
         return Ok(None);
     }
+    let t = Instant::now();
     let driver = match Driver::shared() {
         Ok(d) => d,
         Err(e) => {
@@ -140,21 +314,33 @@ pub fn suspend(pids: &[i32], lock_timeout: Duration) -> Result<Option<SuspendedG
             };
         }
     };
-    suspend_with(
-        driver,
+    let driver_load = t.elapsed();
+    let gpus = stasis_gpu::fingerprint();
+    if let Err(e) = &gpus {
+        tracing::warn!(error = %e, "NVML does not describe this node's GPUs");
+    }
+    Ok(suspend_with(
+        guarded(driver),
         &procfs,
-        gpu_fingerprint().as_ref(),
+        gpus.as_ref().ok(),
+        &gpu_memory_used,
         pids,
         lock_timeout,
-    )
+    )?
+    .map(|mut s| {
+        s.driver_load = driver_load;
+        s
+    }))
 }
 
 /// [`suspend`] against any [`CheckpointApi`] and `/proc` (tests use a simulator and a fake
-/// `/proc`); `gpus` is the node's fingerprint, for the MIG check.
+/// `/proc`); `gpus` is the node's fingerprint (recorded with the checkpoint, and for the MIG
+/// check), `memory_used` the GPU memory in use over all GPUs (for the bytes moved).
 pub fn suspend_with(
     api: Arc<dyn CheckpointApi>,
     procfs: &Procfs,
     gpus: Option<&GpuFingerprint>,
+    memory_used: &dyn Fn() -> Option<u64>,
     pids: &[i32],
     lock_timeout: Duration,
 ) -> Result<Option<SuspendedGpu>, CudaError> {
@@ -177,22 +363,40 @@ pub fn suspend_with(
     if cuda.is_empty() {
         return Ok(None);
     }
-    if let Some(fp) = gpus {
-        if let Some((i, d)) = fp
-            .devices
-            .iter()
-            .enumerate()
-            .find(|(_, d)| d.mig_enabled == Some(true))
-        {
-            return Err(CudaError::Unsupported(format!(
-                "GPU {i} ({}) is in MIG mode; the CUDA checkpoint API does not support MIG",
-                d.uuid
-            )));
-        }
+    // A checkpoint that does not say which GPUs it needs could not be restored safely (nor
+    // resumed: a restore resumes the GPU state only of checkpoints that recorded GPUs).
+    let Some(gpus) = gpus else {
+        return Err(CudaError::NoDriver(format!(
+            "CUDA processes {cuda:?} run here but NVML does not describe this node's GPUs, \
+             which a GPU checkpoint must record"
+        )));
+    };
+    if let Some((i, d)) = gpus
+        .devices
+        .iter()
+        .enumerate()
+        .find(|(_, d)| d.mig_enabled == Some(true))
+    {
+        return Err(CudaError::Unsupported(format!(
+            "GPU {i} ({}) is in MIG mode; the CUDA checkpoint API does not support MIG",
+            d.uuid
+        )));
     }
     procfs.check_supported(&cuda)?;
-    let inner = stasis_gpu::suspend_all(api, &cuda, lock_timeout)?;
-    Ok(Some(SuspendedGpu { inner }))
+    let used_before = memory_used();
+    let blocked_since = Instant::now();
+    let inner =
+        stasis_gpu::suspend_all_with(api, &cuda, lock_timeout, Some(Box::new(kill_stranded)))?;
+    let bytes_moved = used_before
+        .zip(memory_used())
+        .map(|(before, after)| before.saturating_sub(after));
+    Ok(Some(SuspendedGpu {
+        inner,
+        gpus: gpus.clone(),
+        driver_load: Duration::ZERO,
+        blocked_since,
+        bytes_moved,
+    }))
 }
 
 /// After CRIU restored the tree: restore (onto other GPUs when `uuid_remap` names pairs) and
@@ -205,8 +409,8 @@ pub fn resume_restored(
     if pids.is_empty() {
         return Ok(PhaseTimings::default());
     }
-    let driver = Driver::shared()?;
-    resume_restored_with(driver.as_ref(), pids, uuid_remap)
+    let api = guarded(Driver::shared()?);
+    resume_restored_with(api.as_ref(), pids, uuid_remap)
 }
 
 /// [`resume_restored`] against any [`CheckpointApi`].
@@ -231,14 +435,8 @@ pub fn resume_restored_tree(
     if expected == 0 {
         return Ok(PhaseTimings::default());
     }
-    let driver = Driver::shared()?;
-    resume_restored_tree_with(
-        driver.as_ref(),
-        &Procfs::default(),
-        root,
-        expected,
-        uuid_remap,
-    )
+    let api = guarded(Driver::shared()?);
+    resume_restored_tree_with(api.as_ref(), &Procfs::default(), root, expected, uuid_remap)
 }
 
 /// [`resume_restored_tree`] against any [`CheckpointApi`] and `/proc`.
@@ -313,6 +511,22 @@ mod tests {
         Procfs::new(p)
     }
 
+    /// [`suspend_with`] against `sim`, its GPU and the fake `/proc` at `proc`.
+    fn suspend_sim(
+        sim: &Arc<SimDriver>,
+        proc: &Path,
+        pids: &[i32],
+    ) -> Result<Option<SuspendedGpu>, CudaError> {
+        suspend_with(
+            sim.clone(),
+            &proc_at(proc),
+            Some(&sim.fingerprint()),
+            &|| None,
+            pids,
+            T,
+        )
+    }
+
     #[test]
     fn empty_list_or_no_gpu_process_is_none_without_a_driver() {
         // This machine has no NVIDIA driver: nothing to do, and no error.
@@ -350,9 +564,7 @@ mod tests {
             (4, &["/dev/nvidia-uvm"], ""),
         ]);
         let sim = Arc::new(SimDriver::with_processes(&[2, 4]));
-        let s = suspend_with(sim.clone(), &proc_at(t.path()), None, &[1, 2, 3, 4], T)
-            .unwrap()
-            .unwrap();
+        let s = suspend_sim(&sim, t.path(), &[1, 2, 3, 4]).unwrap().unwrap();
         assert_eq!(s.pids(), [2, 4]);
         assert_eq!(sim.state_of(2), Some(ProcessState::Checkpointed));
         s.resume().unwrap();
@@ -364,16 +576,14 @@ mod tests {
     fn no_cuda_context_in_the_tree_is_none() {
         let t = fake_proc(&[(3, &[], "/usr/lib/libcuda.so.1\n")]);
         let sim = Arc::new(SimDriver::default());
-        assert!(suspend_with(sim, &proc_at(t.path()), None, &[3], T)
-            .unwrap()
-            .is_none());
+        assert!(suspend_sim(&sim, t.path(), &[3]).unwrap().is_none());
     }
 
     #[test]
     fn device_holder_without_context_is_refused() {
         let t = fake_proc(&[(2, &["/dev/nvidia0"], ""), (5, &["/dev/nvidiactl"], "")]);
         let sim = Arc::new(SimDriver::with_processes(&[2]));
-        let e = suspend_with(sim.clone(), &proc_at(t.path()), None, &[2, 5], T).unwrap_err();
+        let e = suspend_sim(&sim, t.path(), &[2, 5]).unwrap_err();
         assert!(
             e.to_string().contains("process 5 has /dev/nvidia* open"),
             "{e}"
@@ -395,7 +605,15 @@ mod tests {
             }],
             ..Default::default()
         };
-        let e = suspend_with(sim.clone(), &proc_at(t.path()), Some(&fp), &[2], T).unwrap_err();
+        let e = suspend_with(
+            sim.clone(),
+            &proc_at(t.path()),
+            Some(&fp),
+            &|| None,
+            &[2],
+            T,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("MIG"), "{e}");
         assert!(sim.log().is_empty());
     }
@@ -405,10 +623,101 @@ mod tests {
         let t = fake_proc(&[(2, &["/dev/nvidia0"], ""), (3, &["/dev/nvidia0"], "")]);
         let sim = Arc::new(SimDriver::with_processes(&[2, 3]));
         sim.lock_times_out(3);
-        let e = suspend_with(sim.clone(), &proc_at(t.path()), None, &[2, 3], T).unwrap_err();
+        let e = suspend_sim(&sim, t.path(), &[2, 3]).unwrap_err();
         assert_eq!(e, CudaError::LockTimeout { pid: 3, timeout: T });
         assert_eq!(sim.log(), [(Op::Lock, 2), (Op::Lock, 3), (Op::Unlock, 2)]);
         assert_eq!(sim.state_of(2), Some(ProcessState::Running));
+    }
+
+    #[test]
+    fn criu_gets_an_empty_plugin_dir_only_this_user_can_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("run/criu-no-plugins");
+        empty_plugin_dir(&dir).unwrap();
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        empty_plugin_dir(&dir).unwrap(); // again: it exists, still fine
+        fs::write(dir.join("cuda_plugin.so"), "").unwrap();
+        let e = empty_plugin_dir(&dir).unwrap_err();
+        assert!(e.contains("not empty (cuda_plugin.so)"), "{e}");
+        fs::remove_file(dir.join("cuda_plugin.so")).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = empty_plugin_dir(&dir).unwrap_err();
+        assert!(e.contains("only this user can write"), "{e}");
+    }
+
+    #[test]
+    fn the_report_counts_the_bytes_the_driver_released_and_the_blocked_time() {
+        let t = fake_proc(&[(2, &["/dev/nvidia0"], "")]);
+        let sim = Arc::new(SimDriver::with_processes(&[2]));
+        // NVML's view: 10 GiB in use while the process holds the GPU, 1 GiB (another process)
+        // once it is checkpointed.
+        let used = {
+            let sim = sim.clone();
+            move || match sim.state_of(2) {
+                Some(ProcessState::Checkpointed) => Some(1 << 30),
+                _ => Some(10 << 30),
+            }
+        };
+        let s = suspend_with(
+            sim.clone(),
+            &proc_at(t.path()),
+            Some(&sim.fingerprint()),
+            &used,
+            &[2],
+            T,
+        )
+        .unwrap()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(20)); // the "dump"
+        let r = s.resume().unwrap();
+        assert_eq!(r.processes, 1);
+        assert_eq!(r.bytes_moved, Some(9 << 30));
+        assert!(r.blocked_ms >= 20.0, "{r:?}");
+        let json = serde_json::to_value(r).unwrap();
+        for k in [
+            "lock_ms",
+            "checkpoint_ms",
+            "restore_ms",
+            "unlock_ms",
+            "blocked_ms",
+        ] {
+            assert!(json[k].is_number(), "{k} in {json}");
+        }
+    }
+
+    #[test]
+    fn cuda_processes_on_a_node_nvml_does_not_describe_are_refused() {
+        let t = fake_proc(&[(2, &["/dev/nvidia0"], "")]);
+        let sim = Arc::new(SimDriver::with_processes(&[2]));
+        let e = suspend_with(sim.clone(), &proc_at(t.path()), None, &|| None, &[2], T).unwrap_err();
+        assert!(e.to_string().contains("NVML does not describe"), "{e}");
+        assert!(sim.log().is_empty());
+    }
+
+    #[test]
+    fn a_failed_gpu_restore_after_a_leave_running_dump_kills_the_process() {
+        // A real process stands for the CUDA process, so that the kill can be seen.
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let t = fake_proc(&[(pid, &["/dev/nvidia0"], "")]);
+        let sim = Arc::new(SimDriver::with_processes(&[pid]));
+        sim.fail(Op::Restore, pid, stasis_gpu::CuResult::OUT_OF_MEMORY, false);
+        let s = suspend_sim(&sim, t.path(), &[pid]).unwrap().unwrap();
+        let e = s.resume().unwrap_err();
+        assert!(
+            matches!(&e, CudaError::NotResumed { pids, killed: true, .. } if pids == &[pid]),
+            "{e:?}"
+        );
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "the stranded process was killed");
     }
 
     #[test]
@@ -416,8 +725,7 @@ mod tests {
         let t = fake_proc(&[(2, &["/dev/nvidia0"], "")]);
         let sim = Arc::new(SimDriver::with_processes(&[2]));
         let dump = || -> Result<(), String> {
-            let _gpu = suspend_with(sim.clone(), &proc_at(t.path()), None, &[2], T)
-                .map_err(|e| e.to_string())?;
+            let _gpu = suspend_sim(&sim, t.path(), &[2]).map_err(|e| e.to_string())?;
             Err("criu dump failed".into())
         };
         assert!(dump().is_err());

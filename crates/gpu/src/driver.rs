@@ -14,6 +14,27 @@ pub const LIBCUDA_ENV: &str = "STASIS_LIBCUDA";
 /// First CUDA driver API version whose restore takes GPU UUID pairs (r580, CUDA 13.0).
 pub const MIGRATION_CUDA_VERSION: i32 = 13000;
 
+/// Environment variables that restrict or reorder the GPUs `cuInit` shows the calling process.
+pub const DEVICE_MASK_ENV: [&str; 2] = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"];
+
+/// Removes [`DEVICE_MASK_ENV`] from this process's environment and returns what was removed.
+///
+/// stasis drives other processes' GPUs: its own view must be the kernel driver's whole view, or
+/// `cuInit` fails ("no device") or shows a subset and UUID pairs for a restore miss GPUs (NVIDIA's
+/// r580 migration demo unsets both before `cuInit`; cuda-python skips its migration tests when
+/// they are set). Call it first thing in `main`, before any thread exists: changing the
+/// environment races with threads that read it.
+pub fn unmask_device_view() -> Vec<(&'static str, String)> {
+    let mut removed = Vec::new();
+    for name in DEVICE_MASK_ENV {
+        if let Some(v) = std::env::var_os(name) {
+            removed.push((name, v.to_string_lossy().into_owned()));
+            std::env::remove_var(name);
+        }
+    }
+    removed
+}
+
 /// Where libcuda is looked for: `$STASIS_LIBCUDA`, else the dynamic linker's search, else the
 /// GPU operator's/GKE's install dir.
 pub fn libcuda_candidates() -> Vec<String> {
@@ -81,6 +102,14 @@ impl Driver {
 
     /// As [`Driver::load`], from the given candidate paths.
     pub fn load_from(candidates: &[String]) -> Result<Self, GpuError> {
+        for name in DEVICE_MASK_ENV {
+            if let Ok(v) = std::env::var(name) {
+                tracing::warn!(
+                    "{name}={v} in stasis's environment restricts the GPUs the driver shows it; \
+                     the binary should have called unmask_device_view"
+                );
+            }
+        }
         let lib = CudaLib::open(candidates).map_err(load_error)?;
         let cuda_version = lib.driver_version().map_err(|c| GpuError::Call {
             function: "cuDriverGetVersion",

@@ -67,6 +67,37 @@ pub enum GpuError {
     /// Not a GPU UUID.
     #[error("not a GPU UUID: {0:?}")]
     BadUuid(String),
+
+    /// A driver call did not return within its deadline. The call cannot be cancelled: the
+    /// thread that made it stays blocked in the driver, and the process's GPU state is unknown.
+    #[error(
+        "{function}{} did not return within {} s (the driver is hung on it); the process's GPU \
+         state is unknown: kill it and cold-start",
+        pid_suffix(&Some(*.pid)),
+        after.as_secs()
+    )]
+    Hung {
+        function: &'static str,
+        pid: i32,
+        after: Duration,
+    },
+
+    /// Processes that could not be brought back to RUNNING after a checkpoint (their restore or
+    /// unlock failed, or the driver marked them FAILED). Left as they are they would block in
+    /// their next CUDA call for ever (a failed restore is not retried: NVIDIA cuda-checkpoint #44).
+    #[error(
+        "CUDA process(es) {pids:?} could not be resumed after the checkpoint ({cause}); {}",
+        if *killed {
+            "they were killed rather than left blocked in CUDA for ever: cold-start the workload"
+        } else {
+            "they are blocked in CUDA: kill them and cold-start the workload"
+        }
+    )]
+    NotResumed {
+        pids: Vec<i32>,
+        cause: Box<GpuError>,
+        killed: bool,
+    },
 }
 
 fn pid_suffix(pid: &Option<i32>) -> String {
@@ -85,6 +116,11 @@ fn hint(code: &CuResult) -> &'static str {
         900 => " (a stream is being captured into a CUDA graph)",
         3 => " (the process has no CUDA context, or the driver was not initialised)",
         800 => " (permission denied: the caller must be root or own the process)",
+        304 => {
+            " (the driver could not reach the process through /proc: the caller needs the \
+             host's pid namespace and root or CAP_SYS_PTRACE; a process stopped by a debugger or \
+             a frozen cgroup cannot answer either)"
+        }
         _ => "",
     }
 }
@@ -94,6 +130,7 @@ impl GpuError {
     pub fn cu_result(&self) -> Option<CuResult> {
         match self {
             Self::Call { code, .. } => Some(*code),
+            Self::NotResumed { cause, .. } => cause.cu_result(),
             _ => None,
         }
     }

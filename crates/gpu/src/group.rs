@@ -8,7 +8,11 @@
 //! Locking everything before checkpointing anything gives a consistent cut across processes that
 //! share work (a lock waits for submitted work; a checkpoint releases the GPU). Restores and
 //! unlocks go in checkpoint order, which is what multi-process jobs need (NVIDIA's r610 IPC demo).
-//! A failure at any step undoes what was done — a process is never left locked.
+//! A failure at any step undoes what was done — a process is never left locked: one that cannot
+//! be brought back to RUNNING (its restore failed, the driver marked it FAILED) is handed to the
+//! caller's [`StrandedHandler`], which kills it (the engine's), since a process left CHECKPOINTED
+//! or LOCKED blocks in its next CUDA call for ever and a failed restore cannot be retried
+//! (NVIDIA cuda-checkpoint #44).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +41,10 @@ fn ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
+/// What to do with a process that could not be brought back to RUNNING after a checkpoint: its
+/// pid. The engine's kills it (a cold start is better than a workload blocked for ever).
+pub type StrandedHandler = Box<dyn Fn(i32) + Send + Sync>;
+
 /// CUDA processes locked and checkpointed by [`suspend_all`]: their device memory is in their
 /// host memory, ready for CRIU. [`Suspension::resume`] puts them back; dropping it does the same
 /// (best effort, errors logged), so no exit path leaves a process locked.
@@ -46,6 +54,7 @@ pub struct Suspension {
     procs: Vec<(i32, ProcessState)>,
     timings: PhaseTimings,
     armed: bool,
+    on_stranded: Option<StrandedHandler>,
 }
 
 impl std::fmt::Debug for Suspension {
@@ -67,11 +76,23 @@ pub fn suspend_all(
     pids: &[i32],
     lock_timeout: Duration,
 ) -> Result<Suspension, GpuError> {
+    suspend_all_with(api, pids, lock_timeout, None)
+}
+
+/// [`suspend_all`], with what to do with a process that cannot be brought back to RUNNING, on
+/// every path: a failed checkpoint, a drop, a failed [`Suspension::resume`].
+pub fn suspend_all_with(
+    api: Arc<dyn CheckpointApi>,
+    pids: &[i32],
+    lock_timeout: Duration,
+    on_stranded: Option<StrandedHandler>,
+) -> Result<Suspension, GpuError> {
     let mut s = Suspension {
         api,
         procs: Vec::with_capacity(pids.len()),
         timings: PhaseTimings::default(),
         armed: true,
+        on_stranded,
     };
     // Look first: refuse states nothing can be done with before touching anything.
     let mut initial = Vec::with_capacity(pids.len());
@@ -132,7 +153,8 @@ impl Suspension {
     }
 
     /// Restores and unlocks every process (the leave-running path). All are attempted even if
-    /// one fails; the first error is returned.
+    /// one fails; then [`GpuError::NotResumed`] names those not RUNNING, with the first error,
+    /// and says whether the stranded handler took care of them.
     pub fn resume(mut self) -> Result<PhaseTimings, GpuError> {
         self.armed = false;
         let r = self.bring_back(&[]);
@@ -172,7 +194,28 @@ impl Suspension {
             }
         }
         self.timings.unlock = t.elapsed();
-        first.map_or(Ok(()), Err)
+        let stranded: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, st)| *st != ProcessState::Running)
+            .map(|(p, _)| *p)
+            .collect();
+        if stranded.is_empty() {
+            return Ok(());
+        }
+        if let Some(h) = &self.on_stranded {
+            for &pid in &stranded {
+                h(pid);
+            }
+        }
+        let cause = first.unwrap_or(GpuError::Unsupported(
+            "the driver left them in a state stasis cannot resume".into(),
+        ));
+        Err(GpuError::NotResumed {
+            pids: stranded,
+            cause: Box::new(cause),
+            killed: self.on_stranded.is_some(),
+        })
     }
 }
 
@@ -446,6 +489,64 @@ mod tests {
         d.set_state(10, Checkpointed);
         resume_restored(d.as_ref(), &[10], &[pair]).unwrap();
         assert_eq!(d.restored_pairs(), [(10, vec![pair])]);
+    }
+
+    /// A stranded handler that notes the pids it is given.
+    fn collecting() -> (Arc<std::sync::Mutex<Vec<i32>>>, StrandedHandler) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let noted = seen.clone();
+        (seen, Box::new(move |p| noted.lock().unwrap().push(p)))
+    }
+
+    #[test]
+    fn a_failed_restore_after_a_leave_running_dump_hands_the_process_to_the_handler() {
+        // cuda-checkpoint #44: after a failed restore every later restore fails, so the process
+        // would stay CHECKPOINTED (every CUDA call blocked) for ever; it must not be left so.
+        let d = sim(&[10, 11]);
+        d.fail(Restore, 11, CuResult::OUT_OF_MEMORY, false);
+        let (stranded, handler) = collecting();
+        let s = suspend_all_with(d.clone(), &[10, 11], T, Some(handler)).unwrap();
+        let e = s.resume().unwrap_err();
+        assert_eq!(*stranded.lock().unwrap(), [11]);
+        assert!(
+            matches!(&e, GpuError::NotResumed { pids, killed: true, .. } if pids == &[11]),
+            "{e:?}"
+        );
+        assert_eq!(e.cu_result(), Some(CuResult::OUT_OF_MEMORY));
+        assert!(e.to_string().contains("were killed"), "{e}");
+        assert_eq!(d.state_of(10), Some(Running));
+    }
+
+    #[test]
+    fn a_process_failed_by_the_checkpoint_is_handed_to_the_handler_too() {
+        let d = sim(&[10, 11]);
+        d.fail(Checkpoint, 11, CuResult::NOT_SUPPORTED, true);
+        let (stranded, handler) = collecting();
+        let e = suspend_all_with(d.clone(), &[10, 11], T, Some(handler)).unwrap_err();
+        assert_eq!(
+            e,
+            GpuError::Failed {
+                pid: 11,
+                op: Checkpoint
+            }
+        );
+        assert_eq!(*stranded.lock().unwrap(), [11]);
+        assert_eq!(d.state_of(10), Some(Running));
+    }
+
+    #[test]
+    fn without_a_handler_the_error_says_the_processes_are_blocked() {
+        let d = sim(&[10]);
+        d.fail(Unlock, 10, CuResult::ILLEGAL_STATE, false);
+        let e = suspend_all(d.clone(), &[10], T)
+            .unwrap()
+            .resume()
+            .unwrap_err();
+        assert!(
+            matches!(&e, GpuError::NotResumed { pids, killed: false, .. } if pids == &[10]),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("kill them and cold-start"), "{e}");
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - [`ProcessState`], [`Op`]: `CUprocessState` and its legal transitions;
 //! - [`suspend_all`] / [`Suspension`] / [`resume_restored`]: every CUDA process of a tree, in
 //!   DESIGN §7's order, never leaving one locked;
+//! - [`WithDeadline`]: every driver call returns within a deadline (a hung call cannot wedge
+//!   the caller);
 //! - [`plan_remap`]: GPU UUID pairs for a restore onto other GPUs;
 //! - [`detect`]: CUDA processes and unsupported setups (MPS, NCCL) from `/proc`;
 //! - [`fingerprint`] (NVML) and [`probe`] (for `stasis doctor`);
@@ -19,6 +21,7 @@
 
 mod ffi;
 
+pub mod deadline;
 pub mod detect;
 pub mod driver;
 pub mod error;
@@ -30,9 +33,12 @@ pub mod sim;
 pub mod state;
 pub mod uuid;
 
+pub use deadline::WithDeadline;
 pub use driver::{CheckpointApi, Driver};
 pub use error::GpuError;
-pub use group::{resume_restored, suspend_all, PhaseTimings, Suspension};
+pub use group::{
+    resume_restored, suspend_all, suspend_all_with, PhaseTimings, StrandedHandler, Suspension,
+};
 pub use nvml::fingerprint;
 pub use probe::{probe, GpuProbe};
 pub use result::{CuResult, NvmlReturn};

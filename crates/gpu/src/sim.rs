@@ -1,10 +1,15 @@
 //! A driver simulator for tests on machines without a GPU: it follows the state machine of
-//! [`crate::state`], logs every call, and fails on demand. Nothing here touches a GPU; tests that
-//! use it say so.
+//! [`crate::state`], logs every call, fails or hangs on demand, and describes the GPU it stands
+//! for ([`SimDriver::fingerprint`], what NVML would report), so that a checkpoint taken against it
+//! records a GPU like one taken on a GPU node. Nothing here touches a GPU; tests that use it say
+//! so. (`tests/gpu/fake/` is the same stand-in for whole binaries: a fake `libcuda.so.1` and
+//! `libnvidia-ml.so.1`.)
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use stasis_core::gpu::{GpuDevice, GpuFingerprint};
 
 use crate::driver::CheckpointApi;
 use crate::error::GpuError;
@@ -22,13 +27,47 @@ struct Inner {
     lock_timeouts: Vec<i32>,
     failures: BTreeMap<(Op, i32), (CuResult, bool)>,
     restored_pairs: Vec<(i32, Vec<GpuPair>)>,
+    hangs: BTreeMap<(Op, i32), Duration>,
+}
+
+/// The model the simulator's GPU reports.
+pub const SIM_GPU_MODEL: &str = "NVIDIA H200";
+/// The driver version the simulator reports (branch 580: GPU remapping available).
+pub const SIM_DRIVER_VERSION: &str = "580.159.04";
+/// The simulator's GPU's UUID.
+pub const SIM_GPU_UUID: &str = "GPU-5a5a5a5a-0000-4000-8000-000000000001";
+
+/// The fingerprint of the simulator's node: one H200 on driver 580.159.04, as NVML describes it.
+pub fn sim_fingerprint() -> GpuFingerprint {
+    GpuFingerprint {
+        driver_version: SIM_DRIVER_VERSION.into(),
+        cuda_driver_version: Some(13000),
+        devices: vec![GpuDevice {
+            name: SIM_GPU_MODEL.into(),
+            uuid: SIM_GPU_UUID.into(),
+            memory_bytes: 143_771_566_080,
+            mig_enabled: Some(false),
+        }],
+        persistence_mode: Some(false),
+    }
 }
 
 /// A simulated CUDA driver.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SimDriver {
     inner: Mutex<Inner>,
     migration: bool,
+    gpus: GpuFingerprint,
+}
+
+impl Default for SimDriver {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            migration: false,
+            gpus: sim_fingerprint(),
+        }
+    }
 }
 
 impl SimDriver {
@@ -45,6 +84,23 @@ impl SimDriver {
     pub fn with_migration(mut self) -> Self {
         self.migration = true;
         self
+    }
+
+    /// Describes other GPUs (another node, another model, another driver).
+    pub fn with_gpus(mut self, gpus: GpuFingerprint) -> Self {
+        self.gpus = gpus;
+        self
+    }
+
+    /// The GPUs this driver stands for, as NVML would describe them: what a checkpoint taken
+    /// against it records, and what a restore against it compares with.
+    pub fn fingerprint(&self) -> GpuFingerprint {
+        self.gpus.clone()
+    }
+
+    /// Makes `op` on `pid` take `how_long` before it does anything (a driver call that hangs).
+    pub fn hang(&self, op: Op, pid: i32, how_long: Duration) {
+        self.inner().hangs.insert((op, pid), how_long);
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -84,6 +140,10 @@ impl SimDriver {
     }
 
     fn apply(&self, op: Op, pid: i32) -> Result<(), GpuError> {
+        let hang = self.inner().hangs.get(&(op, pid)).copied();
+        if let Some(d) = hang {
+            std::thread::sleep(d);
+        }
         let mut g = self.inner();
         g.log.push((op, pid));
         let Some(&state) = g.states.get(&pid) else {
