@@ -32,6 +32,14 @@ pub enum AgentError {
     Incompatible(String),
     #[error("{0}")]
     Invalid(String),
+    /// The manifest read from the store is not the one the controller published (its digest
+    /// differs from the lineage record's): replaced by someone who holds the data key.
+    #[error("the manifest of {reference} is not the one published: the controller recorded {recorded}, the store holds {found}")]
+    ManifestMismatch {
+        reference: String,
+        recorded: String,
+        found: String,
+    },
 }
 
 impl AgentError {
@@ -45,7 +53,11 @@ impl AgentError {
     /// cause. The controller treats it as an alarm and cold-starts; it never falls back to an
     /// older checkpoint for it (docs/security.md).
     pub fn is_integrity_failure(&self) -> bool {
-        matches!(self, AgentError::Store(e) if e.is_integrity_failure())
+        match self {
+            AgentError::Store(e) => e.is_integrity_failure(),
+            AgentError::ManifestMismatch { .. } => true,
+            _ => false,
+        }
     }
 
     /// A short, stable label for metrics.
@@ -62,6 +74,7 @@ impl AgentError {
             AgentError::Kube(_) => "kube",
             AgentError::Incompatible(_) => "incompatible",
             AgentError::Invalid(_) => "invalid",
+            AgentError::ManifestMismatch { .. } => "integrity",
         }
     }
 }

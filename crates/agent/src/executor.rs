@@ -119,6 +119,8 @@ pub struct CheckpointOutcome {
     pub dump_ms: u64,
     pub upload_ms: u64,
     pub total_ms: u64,
+    /// [`crate::fence::manifest_digest`] of the published manifest (the controller records it).
+    pub manifest_digest: String,
     pub verdict: Verdict,
 }
 
@@ -134,6 +136,11 @@ pub struct PrepareJob {
     pub spec_hash: Option<String>,
     pub image_digest: Option<String>,
     pub declared: BTreeMap<String, String>,
+    /// The manifest digest the controller recorded when it published the checkpoint: the
+    /// manifest read from the store must have it, before anything is fetched and again for the
+    /// one the files were fetched with. `None`: not checked (the standalone agent, which has no
+    /// records; a checkpoint published before digests were recorded).
+    pub manifest_digest: Option<String>,
 }
 
 /// A prepared restore.
@@ -459,6 +466,7 @@ impl Executor {
             dump_ms,
             upload_ms,
             total_ms: ms(started),
+            manifest_digest: crate::fence::manifest_digest(&manifest),
             verdict,
         })
     }
@@ -559,6 +567,7 @@ impl Executor {
             .rt
             .block_on(self.store.read_manifest(&key, &job.reference))?;
         let exact = manifest.reference();
+        verify_digest(&manifest, job)?;
         let container_name = job
             .container_name
             .clone()
@@ -585,9 +594,14 @@ impl Executor {
                 self.store
                     .get_checkpoint(&key, &exact, &fetch_dir, &NoProgress),
             );
-        if let Err(e) = got {
+        // The manifest the files were fetched with (read again by the store) must be the
+        // published one as well.
+        if let Err(e) = got
+            .map_err(AgentError::from)
+            .and_then(|m| verify_digest(&m, job))
+        {
             let _ = std::fs::remove_dir_all(&fetch_dir);
-            return Err(e.into());
+            return Err(e);
         }
         let fetch_ms = ms(t);
         let image_dir = pod_dir.join(&container_name);
@@ -707,6 +721,23 @@ impl Executor {
 
 /// The checks before a fetch: the spec hash (never restore into a pod whose security-relevant
 /// spec differs) and the compatibility rule.
+/// Refuses a manifest whose digest is not the one the controller recorded for the checkpoint
+/// (`job.manifest_digest`; nothing to check when `None`).
+pub fn verify_digest(manifest: &Manifest, job: &PrepareJob) -> Result<()> {
+    let Some(recorded) = &job.manifest_digest else {
+        return Ok(());
+    };
+    let found = crate::fence::manifest_digest(manifest);
+    if &found != recorded {
+        return Err(AgentError::ManifestMismatch {
+            reference: manifest.reference().to_string(),
+            recorded: recorded.clone(),
+            found,
+        });
+    }
+    Ok(())
+}
+
 pub fn check_compatible(
     manifest: &Manifest,
     job: &PrepareJob,
@@ -799,7 +830,47 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            manifest_digest: None,
         }
+    }
+
+    /// The digest the writing agent reports is the one the restoring agent computes from the
+    /// manifest it reads back through the store's envelope; a manifest replaced by a holder of
+    /// the data key (validly sealed, one label changed) is refused as damage in the store, the
+    /// typed `CheckpointDamaged` path, and so is one whose digest was never recorded right.
+    #[test]
+    fn a_manifest_other_than_the_published_one_is_refused() {
+        let key = Key::random();
+        let mut m = manifest(&[(label::SPEC_HASH, "blake3:aa")], &[]);
+        m.key_id = key.id().to_owned();
+        let written = crate::fence::manifest_digest(&m);
+        assert!(
+            written.starts_with("sha256:") && written.len() == 71,
+            "{written}"
+        );
+        let sealed = stasis_store::envelope::seal(&key, &m).unwrap();
+        let read = stasis_store::envelope::open(&key, "m", &m.workload, &m.id, &sealed).unwrap();
+        assert_eq!(crate::fence::manifest_digest(&read), written);
+
+        let mut j = job(Some("blake3:aa"), &[]);
+        j.manifest_digest = Some(written.clone());
+        verify_digest(&read, &j).unwrap();
+        // No recorded digest (standalone, or published before digests): nothing to check.
+        verify_digest(&read, &job(None, &[])).unwrap();
+
+        let mut forged = m.clone();
+        forged
+            .labels
+            .insert(label::SPEC_HASH.into(), "blake3:ff".into());
+        let sealed = stasis_store::envelope::seal(&key, &forged).unwrap();
+        let read = stasis_store::envelope::open(&key, "m", &m.workload, &m.id, &sealed).unwrap();
+        let e = verify_digest(&read, &j).unwrap_err();
+        assert!(
+            matches!(&e, AgentError::ManifestMismatch { recorded, .. } if recorded == &written),
+            "{e}"
+        );
+        assert!(e.is_integrity_failure());
+        assert_eq!(e.kind(), "integrity");
     }
 
     /// Only the parts under test: the node itself may lack CRIU where unit tests run.

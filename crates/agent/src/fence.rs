@@ -12,7 +12,7 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use stasis_api::lineage::{HOLDER_UID_LABEL, RECORD_KEY, RECORD_NAMESPACE_LABEL};
 use stasis_core::lineage::{may_publish, Lineage};
-use stasis_core::WorkloadName;
+use stasis_core::{CheckpointRef, Manifest, Selector, WorkloadName};
 
 /// The lineage a pod's checkpoints go to, the generation they are written under, and the pod
 /// (namespace, UID) that writes them.
@@ -95,6 +95,52 @@ pub fn standalone_stamp(workload_key: &WorkloadName, namespace: &str, uid: &str)
     }
 }
 
+/// The digest of a checkpoint's manifest that the controller records when it publishes the
+/// checkpoint and the restoring agent checks: `sha256:` and the hex SHA-256 of the manifest's
+/// canonical JSON (the struct serialised in schema order, as the store seals it; what a reader
+/// parses serialises back to the same bytes, so writer and reader agree without the envelope).
+/// The envelope's MAC proves only that a holder of the data key wrote the manifest; this ties it
+/// to the one the writing node reported through its own `PodCheckpoint`.
+pub fn manifest_digest(m: &Manifest) -> String {
+    let body = serde_json::to_vec(m).expect("a manifest serialises");
+    let d = ring::digest::digest(&ring::digest::SHA256, &body);
+    format!("sha256:{}", hex::encode(d.as_ref()))
+}
+
+/// The manifest digest the controller recorded for the checkpoint `reference` of a restore in
+/// `namespace`, from the lineage's record (`None` inside `Ok`: published before digests were
+/// recorded). A restore of a checkpoint the record does not list, of a lineage without a record
+/// or of another namespace's lineage is refused (`Err` says why): only published checkpoints
+/// are restored.
+pub fn published_digest(
+    record: Option<&RecordFacts>,
+    namespace: &str,
+    reference: &CheckpointRef,
+) -> Result<Option<String>, String> {
+    let lineage = &reference.workload;
+    let Some(r) = record else {
+        return Err(format!(
+            "lineage {lineage} has no record: {reference} was never published"
+        ));
+    };
+    if r.lineage.id != *lineage || r.namespace.as_deref() != Some(namespace) {
+        return Err(format!(
+            "lineage {lineage} is not a lineage of namespace {namespace}"
+        ));
+    }
+    let Selector::Id(id) = &reference.selector else {
+        return Err(format!("{reference} names no exact checkpoint"));
+    };
+    r.lineage
+        .checkpoints
+        .iter()
+        .find(|c| &c.id == id)
+        .map(|c| c.manifest_digest.clone())
+        .ok_or_else(|| {
+            format!("{reference} is not a published checkpoint of lineage {lineage} (its record does not list it)")
+        })
+}
+
 /// What the fence says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -160,6 +206,59 @@ mod tests {
             lineage: l.clone(),
             namespace: Some(ns.into()),
             holder_uid: uid.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_restore_takes_the_digest_its_record_published() {
+        use stasis_core::lineage::LineageCheckpoint;
+        use stasis_core::CheckpointId;
+        let mut l = Lineage::start(&key(), "aaaaaaaa", &[]);
+        let (old, new, never) = (
+            CheckpointId::from_parts(1_700_000_000_000, 1),
+            CheckpointId::from_parts(1_700_000_010_000, 2),
+            CheckpointId::from_parts(1_700_000_020_000, 3),
+        );
+        for (id, d) in [(&old, None), (&new, Some("sha256:ab"))] {
+            l.publish(LineageCheckpoint {
+                id: id.clone(),
+                generation: 1,
+                created_unix_ms: 1,
+                manifest_digest: d.map(str::to_owned),
+            })
+            .unwrap();
+        }
+        let r = facts(&l, "default", Some("u-1"));
+        let at = |id: &CheckpointId| -> CheckpointRef { format!("{}/{id}", l.id).parse().unwrap() };
+        assert_eq!(
+            published_digest(Some(&r), "default", &at(&new)),
+            Ok(Some("sha256:ab".to_owned()))
+        );
+        // Published before digests were recorded: restorable, unchecked.
+        assert_eq!(published_digest(Some(&r), "default", &at(&old)), Ok(None));
+        for (rec, ns, reference, why) in [
+            (
+                Some(&r),
+                "default",
+                at(&never),
+                "not a published checkpoint",
+            ),
+            (None, "default", at(&new), "has no record"),
+            (
+                Some(&r),
+                "other",
+                at(&new),
+                "not a lineage of namespace other",
+            ),
+            (
+                Some(&r),
+                "default",
+                format!("{}/latest", l.id).parse().unwrap(),
+                "no exact checkpoint",
+            ),
+        ] {
+            let e = published_digest(rec, ns, &reference).unwrap_err();
+            assert!(e.contains(why), "{e}");
         }
     }
 

@@ -464,8 +464,21 @@ impl KubeCluster {
                     .parse::<CheckpointRef>()
                     .map_err(|e| AgentError::Invalid(format!("checkpointRef: {e}")))
             })
-            .map(|reference| PrepareJob {
+            .and_then(|reference| {
+                // Only a published checkpoint, and only the manifest the controller recorded.
+                let record = self
+                    .rt
+                    .block_on(self.lineage_record(reference.workload.as_str()))?;
+                let digest = fence::published_digest(record.as_ref(), &ns, &reference)
+                    .map_err(AgentError::Invalid)?;
+                if digest.is_none() {
+                    warn!(restore = %name, %reference, "checkpoint published before manifest digests were recorded: its manifest is not checked against one");
+                }
+                Ok((reference, digest))
+            })
+            .map(|(reference, manifest_digest)| PrepareJob {
                 reference,
+                manifest_digest,
                 namespace: ns.clone(),
                 pod_uid: info.key.uid.clone(),
                 container_name: single_container(&pod),

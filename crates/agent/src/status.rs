@@ -57,6 +57,7 @@ pub fn checkpoint_succeeded(
     s.size_bytes = i(o.logical_bytes);
     s.uploaded_bytes = i(o.uploaded_bytes);
     s.checkpoint_ref = Some(o.reference.clone());
+    s.manifest_digest = Some(o.manifest_digest.clone());
     s.spec_hash = spec_hash.map(str::to_owned);
     s.freeze_millis = i(o.freeze_ms);
     s.dump_millis = i(o.dump_ms);
@@ -244,6 +245,7 @@ mod tests {
             dump_ms: 900,
             upload_ms: 2000,
             total_ms: 3100,
+            manifest_digest: format!("sha256:{}", "ab".repeat(32)),
             verdict: crate::fence::Verdict::Current,
         };
         let s2 = checkpoint_succeeded(&s1, &o, Some("blake3:x"), t("2026-11-29T09:00:03Z"));
@@ -253,6 +255,7 @@ mod tests {
         assert_eq!(v["sizeBytes"], 268435456);
         assert_eq!(v["uploadedBytes"], 1048576);
         assert_eq!(v["checkpointRef"], o.reference.as_str());
+        assert_eq!(v["manifestDigest"], o.manifest_digest.as_str());
         assert_eq!(v["freezeMillis"], 300);
         assert_eq!(v["totalMillis"], 3100);
         assert_eq!(v["specHash"], "blake3:x");

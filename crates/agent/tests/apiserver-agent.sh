@@ -5,8 +5,10 @@
 # agent needs. Checks: node labels (ready, arch) and their removal on SIGTERM; a PodCheckpoint
 # taken to Succeeded with its status fields, stamped from the lineage record that names the pod's
 # UID as holder; a pod with copied lineage annotations, and a pod without the stasis RuntimeClass,
-# refused before any freeze; the namespace's wrapped data key Secret; a PodRestore
-# prepared to Ready with its plan file; fencing (a lineage record claimed by another holder at a
+# refused before any freeze; the namespace's wrapped data key Secret; the manifest digest in the
+# PodCheckpoint's status; a PodRestore prepared to Ready with its plan file when the record's
+# digest matches; a PodRestore refused when the lineage record (the controller's) holds another
+# manifest digest (reason CheckpointDamaged) or does not list the checkpoint; fencing (a lineage record claimed by another holder at a
 # newer generation turns the old holder's next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed with
 # the reason and Event CheckpointDamaged; the wrapper's `restored` report → PodRestore Restored and a Restored Event; a
 # termination checkpoint over the socket recorded as a PodCheckpoint (reason Termination).
@@ -130,7 +132,9 @@ EOF
 }
 uid_a=$(pod counter-a)
 # The controller's lineage record (what the agent stamps with): held by counter-a's UID in
-# namespace default, at generation <1>; <2> is the holder-UID label.
+# namespace default, at generation <1>; <2> is the holder-UID label; <3> the published
+# checkpoints (JSON list of {id, generation, created_unix_ms, manifest_digest}), default $published.
+published='[]'
 record() {
     kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -140,7 +144,7 @@ metadata:
   namespace: stasis
   labels: {stasis.dev/lineage-record: "true", stasis.dev/namespace: default, stasis.dev/holder-uid: "$2"}
 data:
-  lineage.json: '{"id":"$lineage","workload":"default_pod_counter-a","generation":$1,"holder":"tok","orphaned":false,"checkpoints":[],"failures":[],"bad":[]}'
+  lineage.json: '{"id":"$lineage","workload":"default_pod_counter-a","generation":$1,"holder":"tok","orphaned":false,"checkpoints":${3:-$published},"failures":[],"bad":[]}'
 EOF
 }
 record 1 "$uid_a"
@@ -198,6 +202,19 @@ else
     fail "PodCheckpoint first: $(kubectl get podcheckpoint first -o json | jq -c .status)"
     ref=
 fi
+# What the controller does when it publishes: the checkpoint, with the manifest digest the agent
+# reported, enters the lineage record. Also listed: a checkpoint whose manifest is not in the
+# store (published, then deleted from the bucket).
+digest=$(jp podcheckpoint first default '{.status.manifestDigest}')
+if [[ $digest =~ ^sha256:[0-9a-f]{64}$ ]]; then
+    pass "the PodCheckpoint names its manifest digest: $digest"
+else
+    fail "manifestDigest in the PodCheckpoint status: '$digest'"
+fi
+gone="$lineage/20200101T000000.000Z-00000000"
+entry() { jq -nc --arg id "${1#*/}" --arg d "$2" '{id: $id, generation: 1, created_unix_ms: 1, manifest_digest: $d}'; }
+published="[$(entry "$ref" "$digest"),$(entry "$gone" "sha256:$(printf '%064d' 0)")]"
+record 1 "$uid_a"
 if [[ $(kubectl get secret stasis-key-default -n stasis -o jsonpath='{.data.wrapped}' | base64 -d | wc -c) == 61 ]]; then
     pass "namespace data key kept wrapped in stasis/stasis-key-default"
 else
@@ -256,6 +273,42 @@ else
     fail "PodRestore counter-b: $(kubectl get podrestore counter-b -o json | jq -c .status); plans: $(ls "$work/run/plans" 2>&1)"
 fi
 
+# The manifest in the store is not the one the controller published (the record holds another
+# digest: what a node holding the data key that rewrote the manifest would leave): refused as
+# damage in the store, before anything is fetched; then a checkpoint the record does not list.
+uid_d=$(pod counter-d)
+record 1 "$uid_a" "[$(entry "$ref" "sha256:$(printf '%064d' 1)")]"
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: PodRestore
+metadata: {name: counter-d, namespace: default}
+spec: {checkpointRef: "$ref", targetPodName: counter-d, sourcePodName: counter-a}
+EOF
+if wait_for 60 phase_is podrestore counter-d Failed &&
+    [ "$(jp podrestore counter-d default '{.status.conditions[?(@.type=="Ready")].reason}')" = CheckpointDamaged ] &&
+    jp podrestore counter-d default '{.status.message}' | grep -q 'is not the one published' &&
+    [[ ! -e $work/run/plans/pod_${uid_d}_counter.json && ! -e $work/images/$uid_d/counter ]]; then
+    pass "a manifest other than the published one: PodRestore Failed/CheckpointDamaged, nothing fetched ($(jp podrestore counter-d default '{.status.message}'))"
+else
+    fail "manifest digest mismatch: $(kubectl get podrestore counter-d -o json | jq -c .status)"
+fi
+uid_f=$(pod counter-f)
+record 1 "$uid_a" '[]'
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: PodRestore
+metadata: {name: counter-f, namespace: default}
+spec: {checkpointRef: "$ref", targetPodName: counter-f, sourcePodName: counter-a}
+EOF
+if wait_for 60 phase_is podrestore counter-f Failed &&
+    jp podrestore counter-f default '{.status.message}' | grep -q 'not a published checkpoint' &&
+    [[ ! -e $work/run/plans/pod_${uid_f}_counter.json ]]; then
+    pass "a checkpoint the lineage record does not list is not restored ($(jp podrestore counter-f default '{.status.message}'))"
+else
+    fail "unpublished checkpoint: $(kubectl get podrestore counter-f -o json | jq -c .status)"
+fi
+record 1 "$uid_a"
+
 # The node API as stasis-runc uses it: one JSON line each way.
 node_api() {
     python3 - "$work/run/agent.sock" "$1" <<'PY'
@@ -312,7 +365,7 @@ kubectl apply -f - >/dev/null <<EOF
 apiVersion: stasis.dev/v1alpha1
 kind: PodRestore
 metadata: {name: counter-c, namespace: default}
-spec: {checkpointRef: "$lineage/20200101T000000.000Z-00000000", targetPodName: counter-c}
+spec: {checkpointRef: "$gone", targetPodName: counter-c}
 EOF
 # A checkpoint whose manifest is gone is damage in the store, an alarm (the typed reason
 # CheckpointDamaged, on the PodRestore's Ready condition and the Event), never a plain failure the

@@ -301,6 +301,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
             spec_hash: None,
             image_digest: digest,
             declared: BTreeMap::new(),
+            manifest_digest: None,
         })
         .expect("prepare");
     assert_eq!(prepared.container_name, "counter");
@@ -433,6 +434,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
             spec_hash: None,
             image_digest: stasis_engine::restore::bundle_image_digest(&b2).unwrap(),
             declared: BTreeMap::from([("engine".to_owned(), "v2".to_owned())]),
+            manifest_digest: None,
         })
         .unwrap_err();
     assert!(e.to_string().contains("declared.engine"), "{e}");

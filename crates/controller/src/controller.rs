@@ -625,6 +625,15 @@ fn foreign(
     None
 }
 
+/// `sha256:` and 64 lowercase hex digits: the form of `PodCheckpoint.status.manifestDigest`.
+fn is_manifest_digest(d: &str) -> bool {
+    d.strip_prefix("sha256:").is_some_and(|h| {
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// Marks a checkpoint `Failed` with `Ready=False/<reason>` and the message.
 async fn fail_checkpoint(
     ck: &PodCheckpoint,
@@ -745,6 +754,21 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
     if r.lineage.checkpoints.iter().any(|c| c.id == id) {
         return Ok(Action::await_change());
     }
+    // The digest the restoring agent will hold the manifest to: a checkpoint without one is
+    // never published (a node holding the data key could otherwise swap its manifest later).
+    let Some(digest) = ck
+        .status
+        .as_ref()
+        .and_then(|s| s.manifest_digest.clone())
+        .filter(|d| is_manifest_digest(d))
+    else {
+        ctx.metrics.refused("NoManifestDigest");
+        let message =
+            "checkpoint without a valid manifestDigest (sha256:<64 hex>): not published".to_owned();
+        tracing::warn!(checkpoint = %name, namespace = %ns, %message, "checkpoint refused");
+        fail_checkpoint(&ck, reason::CHECKPOINT_FAILED, message, &ctx).await?;
+        return Ok(Action::await_change());
+    };
     let created = ck
         .status
         .as_ref()
@@ -754,6 +778,7 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
         id,
         generation,
         created_unix_ms: created,
+        manifest_digest: Some(digest),
     }) {
         Ok(()) => {
             let r = ctx.records.save(&r).await?;
@@ -1755,6 +1780,7 @@ mod tests {
                     id: id.clone(),
                     generation: r.lineage.generation,
                     created_unix_ms: 1,
+                    manifest_digest: None,
                 })
                 .unwrap();
         }
@@ -1813,6 +1839,7 @@ mod tests {
                     id: id.clone(),
                     generation: 2,
                     created_unix_ms: 1,
+                    manifest_digest: None,
                 })
                 .unwrap();
         }
@@ -1869,6 +1896,7 @@ mod tests {
                     id: CheckpointId::from_parts(1_700_000_000_000, 1),
                     generation: 1,
                     created_unix_ms: 1,
+                    manifest_digest: None,
                 })
                 .unwrap();
             }
@@ -2120,9 +2148,70 @@ mod tests {
             "metadata": {"name": name, "namespace": "prod", "labels": {"stasis.dev/policy": "counter"}},
             "spec": {"sourcePodName": "p", "sourcePodUID": "uid-1", "reason": "Heartbeat"},
             "status": {"phase": "Succeeded", "checkpointRef": format!("{lineage}/{id}"),
-                       "lineage": lineage, "generation": generation, "specHash": "blake3:x"}
+                       "lineage": lineage, "generation": generation, "specHash": "blake3:x",
+                       "manifestDigest": digest_of(id)}
         }))
         .unwrap()
+    }
+
+    /// A well-formed manifest digest, distinct per checkpoint.
+    fn digest_of(id: &CheckpointId) -> String {
+        format!(
+            "sha256:{}",
+            blake3::hash(id.to_string().as_bytes()).to_hex()
+        )
+    }
+
+    /// The controller records each published checkpoint's manifest digest (what the restoring
+    /// agent holds the manifest to), and publishes nothing without one: a `PodCheckpoint` that
+    /// names no digest, or a malformed one, ends `Failed` and the record is not written.
+    #[tokio::test]
+    async fn a_checkpoint_is_published_with_its_manifest_digest_and_never_without() {
+        let w = WorkloadName::new("prod_deploy_counter").unwrap();
+        let lineage = Lineage::start(&w, "tok", &[]);
+        let mut record = Record::new("prod", lineage.clone(), holder_uid_1());
+        record.resource_version = Some("9".into());
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
+        let id = CheckpointId::from_parts(1_700_000_010_000, 1);
+        let l = lineage.id.as_str();
+        for digest in [None, Some("sha256:abc"), Some("md5:0")] {
+            let (client, seen) = routed_client(vec![(
+                cm_path.clone(),
+                serde_json::to_value(record.to_config_map().unwrap()).unwrap(),
+            )]);
+            let mut ck = succeeded("ck-1", l, &id, 1);
+            ck.status.as_mut().unwrap().manifest_digest = digest.map(str::to_owned);
+            let ctx = context(client, vec![ck.clone()]);
+            reconcile_checkpoint(Arc::new(ck), ctx.clone())
+                .await
+                .unwrap();
+            let w = writes(&seen);
+            assert_eq!(w.len(), 1, "{digest:?}: only the status: {w:#?}");
+            assert!(w[0].1.ends_with("/podcheckpoints/ck-1/status"), "{w:#?}");
+            assert_eq!(w[0].2["status"]["phase"], "Failed");
+            let message = w[0].2["status"]["conditions"][0]["message"].to_string();
+            assert!(message.contains("manifestDigest"), "{message}");
+        }
+        let (client, seen) = routed_client(vec![(
+            cm_path.clone(),
+            serde_json::to_value(record.to_config_map().unwrap()).unwrap(),
+        )]);
+        let ck = succeeded("ck-1", l, &id, 1);
+        let ctx = context(client, vec![ck.clone()]);
+        reconcile_checkpoint(Arc::new(ck), ctx.clone())
+            .await
+            .unwrap();
+        let w = writes(&seen);
+        let put = w
+            .iter()
+            .find(|(m, p, _)| m == "PUT" && p == &cm_path)
+            .expect("the record written");
+        let published =
+            Record::from_config_map(&serde_json::from_value(put.2.clone()).unwrap()).unwrap();
+        assert_eq!(
+            published.lineage.checkpoints[0].manifest_digest.as_deref(),
+            Some(digest_of(&id).as_str())
+        );
     }
 
     #[tokio::test]
@@ -2138,6 +2227,7 @@ mod tests {
                     id: id.clone(),
                     generation: 1,
                     created_unix_ms: 1,
+                    manifest_digest: None,
                 })
                 .unwrap();
         }

@@ -541,6 +541,7 @@ mod tests {
                 id: CheckpointId::from_parts(10_500, 1),
                 generation: 1,
                 created_unix_ms: 10_500,
+                manifest_digest: None,
             })
             .unwrap();
         let t = HolderState::Terminating {

@@ -950,6 +950,7 @@ mod tests {
                 id: id.clone(),
                 generation: 1,
                 created_unix_ms: 1_700_000_000_000,
+                manifest_digest: None,
             })
             .unwrap();
         lineage.orphan();

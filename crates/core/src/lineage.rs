@@ -43,6 +43,13 @@ pub struct LineageCheckpoint {
     pub generation: u64,
     /// Creation time, Unix milliseconds (for `maxAge` retention).
     pub created_unix_ms: u64,
+    /// Digest of its manifest as the writing agent reported it when the controller published
+    /// it (`sha256:<64 hex>` of the manifest's canonical JSON): the restoring agent refuses a
+    /// manifest that does not match, so a node holding the data key cannot replace another
+    /// node's published checkpoint. `None` only for checkpoints published before digests were
+    /// recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
 }
 
 /// A failed restore, remembered so the same failure does not repeat forever.
@@ -440,6 +447,7 @@ mod tests {
             id: CheckpointId::from_parts(ms, ms as u32),
             generation: gen,
             created_unix_ms: ms,
+            manifest_digest: None,
         }
     }
     fn lineage_with(workload: &str, uid: &str, times: &[u64]) -> Lineage {
