@@ -228,7 +228,7 @@ leftovers() {
   ls /var/lib/stasis-cluster >/dev/null 2>&1 && { echo "# state dir left"; bad=1; }
   ip link show stasis0 >/dev/null 2>&1 && { echo "# bridge left"; bad=1; }
   grep -q stasis-cluster /proc/self/mountinfo && { echo "# mounts left"; bad=1; }
-  ls -d /sys/fs/cgroup/*/stasis-cluster 2>/dev/null | grep -q . && { echo "# cgroups left"; bad=1; }
+  compgen -G "/sys/fs/cgroup/*/stasis-cluster" >/dev/null && { echo "# cgroups left"; bad=1; }
   ls /run/netns/cni-* >/dev/null 2>&1 && { echo "# pod netns files left in /run/netns"; bad=1; }
   local z; z=$(ps -eo stat=,comm= | awk '$1 ~ /^Z/ && $2 ~ /^(containerd|containerd-shim|kubelet|kube-|etcd|coredns|s3s-fs|pause|testapp|supervisor|runc)/')
   [ -n "$z" ] && { echo "# zombies left: $z"; bad=1; }

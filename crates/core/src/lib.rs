@@ -1,6 +1,6 @@
 //! stasis-core: the domain model of stasis, with no I/O.
 //!
-//! - [`reference`]: workload names, checkpoint ids and `<workload>/<id|latest>` references;
+//! - [`reference`](mod@reference): workload names, checkpoint ids and `<workload>/<id|latest>` references;
 //! - [`manifest`]: the schema-versioned checkpoint manifest the store writes last;
 //! - [`fingerprint`]: what a node is (CPU, kernel, CRIU, runc, GPU) and the rule that decides
 //!   whether a checkpoint may be restored on it;

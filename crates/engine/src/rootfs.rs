@@ -14,7 +14,7 @@
 //!   the changed-since-start set keeps the freeze window proportional to what the workload wrote.
 //!
 //! Archives are written by GNU tar (`--xattrs --numeric-owner --sparse`), which reads the upper
-//! directory or rootfs as it is. They are read back by [`crate::unpack`], never by tar: the
+//! directory or rootfs as it is. They are read back by `unpack` (through `tarball`), never by tar: the
 //! target holds the image's symlinks, which mean the host's files when followed from the host,
 //! so every restore step is confined to the target through descriptors.
 
@@ -336,7 +336,7 @@ fn count_overlay(upper: &Path) -> Result<(u64, u64), EngineError> {
 
 /// Puts the captured changes into a fresh rootfs (a plain directory, or an overlay's merged view).
 ///
-/// Confined to `target` by construction ([`crate::unpack`]): the archive is checked whole first
+/// Confined to `target` by construction (the `unpack` module): the archive is checked whole first
 /// (a refused entry is named and nothing is changed), then every deletion and every new entry is
 /// made through descriptors resolved inside `target`, so neither the archive nor the image's own
 /// symlinks can reach the host's files.

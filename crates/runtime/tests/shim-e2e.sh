@@ -47,7 +47,7 @@ cleanup() {
     wait "$CTD_PID" 2>/dev/null
   fi
   for c in c1 c2; do runc --root "$RUNC_ROOT/$NS" delete -f "$c" >/dev/null 2>&1; done
-  grep -o " $T[^ ]*\| $R[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
+  grep -o " ${T}[^ ]*\| ${R}[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
   for d in /sys/fs/cgroup/*/"$NS"; do [[ -d $d ]] && rmdir "$d" 2>/dev/null; done
   rm -rf "$T" "$R"
 }
@@ -109,7 +109,7 @@ LAST=$(counts "$T/c1.log" | tail -1)
 ctr task delete -f c1 >/dev/null 2>&1 || true
 ctr container delete c1
 printf '{"v":1,"checkpoint_ref":"shim-e2e/1","verified_at_unix_ms":1}' >"$IMG/.stasis-verified"
-mkdir -p -m 700 "$T/run/plans"
+mkdir -p "$T/run/plans" && chmod 700 "$T/run" "$T/run/plans"
 printf '{"v":1,"container_id":"c2","image_dir":"%s","checkpoint_ref":"shim-e2e/1","tcp_established":true}' \
   "$IMG" >"$T/run/plans/.c2.tmp"
 chmod 600 "$T/run/plans/.c2.tmp" "$IMG/.stasis-verified"
