@@ -578,7 +578,13 @@ impl Executor {
                     "{exact}: no (valid) container name to restore into"
                 ))
             })?;
-        check_compatible(&manifest, job, node::fingerprint())?;
+        // With this node's GPUs when the checkpoint recorded GPUs (else every GPU checkpoint is
+        // refused as "this node has no NVIDIA driver").
+        check_compatible(
+            &manifest,
+            job,
+            node::fingerprint_for_restore(&manifest.requirements.node),
+        )?;
 
         let pod_dir = self.pod_images(&job.pod_uid);
         private_dir(&self.cfg.images_dir)?;

@@ -106,6 +106,8 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before any thread exists (it changes the environment); logged once tracing is up.
+    let env_changes = stasis_engine::cuda::prepare_process_env();
     let a = Args::parse();
     stasis_agent::mem::limit_arenas(2);
     // kube enables rustls's ring provider and the S3 client aws-lc-rs: choose one explicitly.
@@ -118,6 +120,9 @@ fn main() -> anyhow::Result<()> {
     match a.log_format {
         LogFormat::Json => fmt.json().init(),
         LogFormat::Text => fmt.init(),
+    }
+    for change in env_changes {
+        tracing::info!("{change}");
     }
     if a.node_name.is_empty() && !a.standalone {
         anyhow::bail!("NODE_NAME is not set (the DaemonSet gives it from spec.nodeName)");

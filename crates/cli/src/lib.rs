@@ -13,8 +13,13 @@ use clap::Parser;
 /// Parses arguments, sets up logging, runs the command, and turns errors into a message and an
 /// exit code.
 pub fn main() -> ExitCode {
+    // Before any thread exists (it changes the environment); logged once tracing is up.
+    let env_changes = stasis_engine::cuda::prepare_process_env();
     let cli = args::Cli::parse();
     init_tracing(&cli.global);
+    for change in env_changes {
+        tracing::debug!("{change}");
+    }
     match commands::run(cli) {
         Ok(code) => code,
         Err(e) => {

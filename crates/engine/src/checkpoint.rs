@@ -38,6 +38,9 @@ pub struct Captured {
     pub gpu: Option<stasis_core::gpu::GpuFingerprint>,
     /// How many CUDA processes were checkpointed through the driver API.
     pub gpu_processes: u32,
+    /// stasis's GPU phases (lock, checkpoint, restore, unlock), the bytes the driver moved and
+    /// how long CUDA was blocked, when CUDA processes were checkpointed.
+    pub gpu_report: Option<cuda::GpuCheckpointReport>,
 }
 
 /// A container checkpoint request.
@@ -133,8 +136,9 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     } else {
         guard.disarm();
     }
-    let frozen_ms = ms(freeze);
-    let (gpu_fp, gpu_processes) = finish_gpu(gpu, req.leave_running)?;
+    let (gpu_fp, gpu_report) = finish_gpu(gpu, req.leave_running)?;
+    // A CUDA process is blocked from its lock, before the freeze, to its unlock, after it.
+    let frozen_ms = blocked_ms(ms(freeze), gpu_report.as_ref());
     info!(
         container = req.id,
         frozen_ms, dump_ms, rootfs_ms, "container checkpointed"
@@ -154,27 +158,41 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
         image_digest,
         needs_runc: true,
         leave_running: req.leave_running,
+        gpu_processes: gpu_report.map_or(0, |r| r.processes),
         gpu: gpu_fp,
-        gpu_processes,
+        gpu_report,
     })
 }
 
 /// After the dump: leave-running resumes the GPU processes (restore, unlock); stop mode drops
-/// the suspension (the processes are gone). Returns the GPU fingerprint to record and the count.
+/// the suspension (the processes are gone). Returns the GPUs to record (those the processes were
+/// checkpointed on) and the report of the GPU phases.
 fn finish_gpu(
     gpu: Option<cuda::SuspendedGpu>,
     leave_running: bool,
-) -> Result<(Option<stasis_core::gpu::GpuFingerprint>, u32), EngineError> {
+) -> Result<
+    (
+        Option<stasis_core::gpu::GpuFingerprint>,
+        Option<cuda::GpuCheckpointReport>,
+    ),
+    EngineError,
+> {
     let Some(gpu) = gpu else {
-        return Ok((None, 0));
+        return Ok((None, None));
     };
-    let n = gpu.pids().len() as u32;
-    if leave_running {
-        gpu.resume()?;
+    let fp = gpu.fingerprint().clone();
+    let report = if leave_running {
+        gpu.resume()?
     } else {
-        gpu.discard();
-    }
-    Ok((cuda::gpu_fingerprint(), n))
+        gpu.discard()
+    };
+    Ok((Some(fp), Some(report)))
+}
+
+/// The workload's downtime: the freeze, or for CUDA processes the time their CUDA calls were
+/// blocked when that is longer (it starts at the lock, before the freeze).
+fn blocked_ms(frozen_ms: u64, gpu: Option<&cuda::GpuCheckpointReport>) -> u64 {
+    gpu.map_or(frozen_ms, |g| frozen_ms.max(g.blocked_ms.ceil() as u64))
 }
 
 /// Resumes a container this checkpoint paused, whatever happens to the checkpoint.
@@ -355,7 +373,8 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         )
     })?;
     let dump_ms = ms(t);
-    let (gpu_fp, gpu_processes) = finish_gpu(gpu, req.leave_running)?;
+    let (gpu_fp, gpu_report) = finish_gpu(gpu, req.leave_running)?;
+    let gpu_processes = gpu_report.map_or(0, |r| r.processes);
     info!(
         pid = req.pid,
         dump_ms, gpu_processes, "process tree checkpointed"
@@ -365,7 +384,7 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         processes,
         rootfs: None,
         timings: Timings {
-            frozen_ms: dump_ms,
+            frozen_ms: blocked_ms(dump_ms, gpu_report.as_ref()),
             dump_ms,
             ..Timings::default()
         },
@@ -374,6 +393,7 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         leave_running: req.leave_running,
         gpu: gpu_fp,
         gpu_processes,
+        gpu_report,
     })
 }
 

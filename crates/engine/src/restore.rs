@@ -43,21 +43,42 @@ pub struct GpuRestore<'a> {
     pub recorded: &'a stasis_core::gpu::GpuFingerprint,
 }
 
+/// A restored tree: its root pid, and how its GPU steps went when it had CUDA processes.
+#[derive(Debug, Clone, Copy)]
+pub struct Restored {
+    pub pid: i32,
+    pub gpu: Option<crate::cuda::GpuRestoreReport>,
+}
+
 /// After CRIU restored a tree rooted at `root`: restore the GPU state of its CUDA processes (onto
 /// this node's GPUs, remapping UUIDs when they differ) and unlock them (DESIGN §7).
-fn resume_gpu(root: i32, gpu: Option<GpuRestore<'_>>) -> Result<(), EngineError> {
+fn resume_gpu(
+    root: i32,
+    gpu: Option<GpuRestore<'_>>,
+) -> Result<Option<crate::cuda::GpuRestoreReport>, EngineError> {
     let Some(g) = gpu.filter(|g| g.processes > 0) else {
-        return Ok(());
+        return Ok(None);
     };
+    let started = std::time::Instant::now();
+    // Loaded here so that its cost shows on its own line of the report (kept for later calls).
+    let _ = crate::cuda::driver();
+    let driver_load = started.elapsed();
     let node = crate::cuda::gpu_fingerprint().ok_or_else(|| {
         crate::cuda::CudaError::NoDriver(
             "the checkpoint holds GPU state and this node has no NVIDIA driver".into(),
         )
     })?;
     let remap = crate::cuda::remap_for(g.recorded, &node)?;
-    crate::cuda::resume_restored_tree(root, g.processes as usize, remap.as_deref())?;
-    Ok(())
+    let phases = crate::cuda::resume_restored_tree(root, g.processes as usize, remap.as_deref())?;
+    Ok(Some(crate::cuda::GpuRestoreReport {
+        processes: g.processes,
+        driver_load_ms: crate::cuda::ms_f64(driver_load),
+        phases,
+        remapped: remap.is_some(),
+        total_ms: crate::cuda::ms_f64(started.elapsed()),
+    }))
 }
+
 
 /// The parts of a bundle's `config.json` a restore reads.
 #[derive(Debug, serde::Deserialize)]
@@ -108,6 +129,11 @@ pub fn bundle_image_digest(bundle: &Path) -> Result<Option<String>, EngineError>
 /// Restores a container checkpoint into a new container (detached, running). On failure nothing
 /// is left behind: the half-restored container is deleted.
 pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError> {
+    restore_container_reporting(req).map(|r| r.pid)
+}
+
+/// [`restore_container`], with the report of its GPU steps.
+pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restored, EngineError> {
     if req.runc.exists(req.new_id)? {
         return Err(EngineError::ContainerExists {
             id: req.new_id.into(),
@@ -152,9 +178,9 @@ pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError>
         .runc
         .restore(req.new_id, &opts, stdio.as_ref())
         .and_then(|()| read_pid(&pid_file))
-        .and_then(|pid| resume_gpu(pid, req.gpu).map(|()| pid));
-    let pid = match restored {
-        Ok(pid) => pid,
+        .and_then(|pid| resume_gpu(pid, req.gpu).map(|gpu| Restored { pid, gpu }));
+    let restored = match restored {
+        Ok(r) => r,
         Err(e) => {
             if let Err(de) = req.runc.delete_force(req.new_id) {
                 warn!(container = req.new_id, error = %de, "could not remove the failed restore");
@@ -162,6 +188,7 @@ pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError>
             return Err(e);
         }
     };
+    let pid = restored.pid;
     // A restored network namespace comes back with its loopback down (DESIGN §8).
     let own_netns = cfg
         .linux
@@ -187,7 +214,7 @@ pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError>
         }
     }
     info!(container = req.new_id, pid, "container restored");
-    Ok(pid)
+    Ok(restored)
 }
 
 fn open_inheritable_log(p: &Path) -> Result<std::fs::File, EngineError> {
@@ -222,6 +249,15 @@ pub fn restore_process(
     stdio_log: Option<&Path>,
     gpu: Option<GpuRestore<'_>>,
 ) -> Result<i32, EngineError> {
+    restore_process_reporting(image, stdio_log, gpu).map(|r| r.pid)
+}
+
+/// [`restore_process`], with the report of its GPU steps.
+pub fn restore_process_reporting(
+    image: &ImageDir,
+    stdio_log: Option<&Path>,
+    gpu: Option<GpuRestore<'_>>,
+) -> Result<Restored, EngineError> {
     let (criu_path, _) = tools::criu_checked()?;
     let dir = image.criu();
     let info_path = dir.join(PROCESS_INFO_FILE);
@@ -267,14 +303,20 @@ pub fn restore_process(
     criu.set_ext_unix_sk(true);
     criu.restore()
         .map_err(|e| criu_failed("criu restore", e, Some(image.criu_log("restore"))))?;
-    if let Err(e) = resume_gpu(info.root_pid, gpu) {
-        // A process left waiting for GPU state it will never get is worse than none.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(info.root_pid),
-            nix::sys::signal::SIGKILL,
-        );
-        return Err(e);
-    }
+    let gpu = match resume_gpu(info.root_pid, gpu) {
+        Ok(g) => g,
+        Err(e) => {
+            // A process left waiting for GPU state it will never get is worse than none.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(info.root_pid),
+                nix::sys::signal::SIGKILL,
+            );
+            return Err(e);
+        }
+    };
     info!(pid = info.root_pid, "process tree restored");
-    Ok(info.root_pid)
+    Ok(Restored {
+        pid: info.root_pid,
+        gpu,
+    })
 }

@@ -29,6 +29,10 @@ struct Report {
     stats: stasis_core::StoreStats,
     /// Peak resident memory of this stasis process.
     peak_rss_bytes: u64,
+    /// stasis's GPU phases, the bytes the driver moved and how long CUDA was blocked, when CUDA
+    /// processes were checkpointed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<stasis_engine::cuda::GpuCheckpointReport>,
 }
 
 pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
@@ -73,6 +77,7 @@ pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
     };
     spinner.finish_and_clear();
 
+    let gpu_report = captured.gpu_report;
     let mut draft = draft_manifest(workload, common, captured);
     // The engine's part; the store adds its own before it publishes the manifest.
     draft.timings.total_ms = started.elapsed().as_millis() as u64;
@@ -89,6 +94,7 @@ pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
         timings: manifest.timings,
         stats: manifest.stats,
         peak_rss_bytes: peak_rss_bytes(),
+        gpu: gpu_report,
     };
     output::emit(&report, || {
         if output::json_mode() {

@@ -29,6 +29,9 @@ struct Report {
     bytes: u64,
     /// Peak resident memory of this stasis process.
     peak_rss_bytes: u64,
+    /// stasis's GPU steps (driver load, restore, unlock), when the checkpoint had CUDA processes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<stasis_engine::cuda::GpuRestoreReport>,
 }
 
 pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
@@ -56,7 +59,9 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         (None, None) => None,
     };
     let target = RestoreTarget {
-        node: node::fingerprint(),
+        // With this node's GPUs when the checkpoint recorded GPUs: without them every GPU
+        // checkpoint would be refused as "this node has no NVIDIA driver".
+        node: node::fingerprint_for_restore(&manifest.requirements.node),
         image_digest: if args.process {
             manifest.requirements.image_digest.clone()
         } else {
@@ -88,9 +93,9 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             processes: manifest.gpu_processes,
             recorded,
         });
-    let (restored_as, pid) = if args.process {
-        let pid = restore::restore_process(&image, args.log.as_deref(), gpu)?;
-        (format!("pid {pid}"), pid)
+    let (restored_as, restored) = if args.process {
+        let r = restore::restore_process_reporting(&image, args.log.as_deref(), gpu)?;
+        (format!("pid {}", r.pid), r)
     } else {
         let (Some(bundle), Some(new_id)) = (&args.bundle, &args.container_id) else {
             bail!("--bundle and --container-id are required to restore a container");
@@ -100,7 +105,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             .log
             .clone()
             .unwrap_or_else(|| bundle.join("container.log"));
-        let pid = restore::restore_container(&ContainerRestore {
+        let r = restore::restore_container_reporting(&ContainerRestore {
             runc: &runc,
             new_id,
             bundle,
@@ -110,7 +115,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             stdio_log: Some(&log),
             gpu,
         })?;
-        (format!("container {new_id}"), pid)
+        (format!("container {new_id}"), r)
     };
     spinner.finish_and_clear();
     let restore_ms = t.elapsed().as_millis() as u64;
@@ -118,12 +123,13 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let report = Report {
         reference: exact.to_string(),
         restored_as,
-        pid,
+        pid: restored.pid,
         fetch_ms,
         restore_ms,
         total_ms: started.elapsed().as_millis() as u64,
         bytes: manifest.logical_bytes(),
         peak_rss_bytes: peak_rss_bytes(),
+        gpu: restored.gpu,
     };
     output::emit(&report, || {
         format!(
