@@ -20,6 +20,7 @@ pub mod proctree;
 pub mod restore;
 pub mod rootfs;
 pub mod runc;
+pub mod sockets;
 mod tarball;
 pub mod tools;
 mod unpack;

@@ -60,6 +60,20 @@ pub struct Bundle {
     /// The container gets a network namespace of its own (not joined by path): after a restore
     /// its loopback is down (DESIGN §8) and must be brought up.
     pub own_netns: bool,
+    /// The network namespace the container joins by path (a pod's), if any.
+    pub netns_path: Option<PathBuf>,
+}
+
+impl Bundle {
+    /// Where a restore puts the container's sockets.
+    pub fn tcp_target(&self) -> stasis_engine::sockets::Target {
+        use stasis_engine::sockets::Target;
+        match (&self.netns_path, self.own_netns) {
+            (Some(p), _) => Target::Joined(p.clone()),
+            (None, true) => Target::New,
+            (None, false) => Target::Current,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,17 +108,19 @@ pub fn parse(dir: &Path, raw: &[u8]) -> Result<Bundle, serde_json::Error> {
     } else {
         dir.join(c.root.path)
     };
-    let own_netns = c
-        .linux
-        .unwrap_or_default()
-        .namespaces
-        .iter()
-        .any(|n| n.kind == "network" && n.path.as_deref().is_none_or(str::is_empty));
+    let namespaces = c.linux.unwrap_or_default().namespaces;
+    let net = namespaces.iter().find(|n| n.kind == "network");
+    let netns_path = net
+        .and_then(|n| n.path.as_deref())
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    let own_netns = net.is_some() && netns_path.is_none();
     Ok(Bundle {
         dir: dir.to_path_buf(),
         rootfs,
         annotations: c.annotations,
         own_netns,
+        netns_path,
     })
 }
 
@@ -236,6 +252,20 @@ mod tests {
         assert!(!parse(Path::new("/b"), joined).unwrap().own_netns);
         let host = br#"{"root":{"path":"r"},"linux":{"namespaces":[{"type":"mount"}]}}"#;
         assert!(!parse(Path::new("/b"), host).unwrap().own_netns);
+        // Where a restore puts the sockets (DESIGN §9.8).
+        use stasis_engine::sockets::Target;
+        assert_eq!(
+            parse(Path::new("/b"), own).unwrap().tcp_target(),
+            Target::New
+        );
+        assert_eq!(
+            parse(Path::new("/b"), joined).unwrap().tcp_target(),
+            Target::Joined("/var/run/netns/cni-1".into())
+        );
+        assert_eq!(
+            parse(Path::new("/b"), host).unwrap().tcp_target(),
+            Target::Current
+        );
     }
 
     #[test]

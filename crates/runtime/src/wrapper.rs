@@ -337,8 +337,36 @@ impl Ctx {
                 ),
             );
         }
-        let args = decide::restore_args(&self.inv, c, id, plan, &work);
-        let status = Command::new(&self.real).args(&args).status();
+        // Established TCP connections: kept where they can continue, closed elsewhere (a pod's
+        // new network namespace has another address; DESIGN §9.8). Closing is `tcp-close`,
+        // which runc has no flag for: a CRIU configuration file in the work dir.
+        let tcp = stasis_engine::sockets::decide_for(
+            stasis_engine::sockets::read_record(&plan.image_dir.join("criu")).as_ref(),
+            &bundle.tcp_target(),
+            !plan.tcp_established,
+        );
+        let conf = if tcp.keeps() {
+            None
+        } else {
+            stasis_engine::sockets::CriuConf::write(&work, &["tcp-close"])
+                .map_err(|e| {
+                    self.log(
+                        Level::Warning,
+                        &format!("cannot write the CRIU configuration: {e}"),
+                    )
+                })
+                .ok()
+        };
+        let plan_tcp = stasis_node_api::Plan {
+            tcp_established: tcp.keeps(),
+            ..plan.clone()
+        };
+        let args = decide::restore_args(&self.inv, c, id, &plan_tcp, &work);
+        let mut runc = Command::new(&self.real);
+        if let Some(conf) = &conf {
+            runc.env(stasis_engine::sockets::CRIU_CONFIG_ENV, &conf.path);
+        }
+        let status = runc.args(&args).status();
         let failure = match status {
             Ok(s) if s.success() => match self.mark_restored(id, plan) {
                 Ok(()) => None,
@@ -380,8 +408,9 @@ impl Ctx {
         self.log(
             Level::Info,
             &format!(
-                "restored {id} from checkpoint {} in {restore_ms} ms (CRIU log: {})",
+                "restored {id} from checkpoint {} in {restore_ms} ms, {} (CRIU log: {})",
                 plan.checkpoint_ref,
+                tcp.describe(),
                 work.join("restore.log").display()
             ),
         );
