@@ -380,6 +380,87 @@ pub fn dump_options(close: bool) -> Vec<&'static str> {
     o
 }
 
+/// CRIU's network lock (`iptables_network_lock_internal`): the rules it loads into a namespace
+/// while it dumps established connections, with the mark its own packets carry.
+const LOCK_RULES: &str = "*filter\n:CRIU - [0:0]\n-I INPUT -j CRIU\n-I OUTPUT -j CRIU\n-A CRIU -m mark --mark 0xC114 -j ACCEPT\n-A CRIU -j DROP\nCOMMIT\n";
+
+/// What checkpoints and restores of sockets need on this machine, tried for real (for `stasis
+/// doctor`): CRIU takes the options stasis hands it in a configuration file (`tcp-close`,
+/// `skip-in-flight`; a file with an unknown option must fail, so the file is really read), and
+/// CRIU's network lock loads (`iptables-restore` with the mark match, in a throwaway network
+/// namespace). `Ok`: a summary; `Err`: what fails and the fix.
+pub fn probe(criu: &Path) -> Result<String, (String, String)> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("stasis-doctor-{}", std::process::id()));
+    let fail = |what: String, fix: &str| (what, fix.to_owned());
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        fail(
+            format!("{}: {e}", dir.display()),
+            "a writable temporary directory ($TMPDIR)",
+        )
+    })?;
+    let run_check = |options: &[&str]| -> Result<bool, String> {
+        let conf = CriuConf::write(&dir, options).map_err(|e| e.to_string())?;
+        Command::new(criu)
+            .arg("check")
+            .env(CRIU_CONFIG_ENV, &conf.path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .map_err(|e| format!("cannot run {}: {e}", criu.display()))
+    };
+    let known = run_check(&dump_options(true));
+    let bogus = run_check(&["stasis-doctor-no-such-option"]);
+    let _ = std::fs::remove_dir(&dir);
+    match (known, bogus) {
+        (Err(e), _) | (_, Err(e)) => return Err(fail(e, "install CRIU >= 4.2 (scripts/setup)")),
+        (Ok(false), _) => {
+            return Err(fail(
+                "CRIU refuses the options tcp-close and skip-in-flight in its configuration file".into(),
+                "install CRIU >= 4.2 (scripts/setup)",
+            ))
+        }
+        (Ok(true), Ok(true)) => {
+            return Err(fail(
+                format!("CRIU does not read {CRIU_CONFIG_ENV}: servers' checkpoints fail on connections being accepted, and connections cannot be closed at a restore"),
+                "use a CRIU that reads its configuration files (a build or wrapper without --no-default-config)",
+            ))
+        }
+        (Ok(true), Ok(false)) => {}
+    }
+    let lock = Command::new("unshare")
+        .args(["--net", "iptables-restore", "-w"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            if let Some(mut i) = c.stdin.take() {
+                i.write_all(LOCK_RULES.as_bytes())?;
+            }
+            c.wait_with_output()
+        });
+    match lock {
+        Ok(o) if o.status.success() => Ok(
+            "CRIU takes tcp-close and skip-in-flight from stasis's configuration file, and its network lock loads (iptables-restore, mark match): connections are dumped, a server accepting connections checkpoints, and a restore closes what it cannot keep"
+                .into(),
+        ),
+        Ok(o) => Err(fail(
+            format!(
+                "CRIU's network lock does not load in a network namespace: iptables-restore: {}",
+                crate::tools::tail(&o.stderr, 2)
+            ),
+            "install iptables and a kernel with the xt_mark match (CONFIG_NETFILTER_XT_MARK)",
+        )),
+        Err(e) => Err(fail(
+            format!("cannot run unshare --net iptables-restore: {e}"),
+            "install util-linux and iptables (scripts/setup)",
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,6 +589,25 @@ mod tests {
         )));
         assert!(keep(decide(None, &Target::Current, false, &yes)));
         assert!(!keep(decide(None, &Target::New, false, &yes)));
+    }
+
+    #[test]
+    fn probe_catches_a_criu_that_ignores_its_configuration_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let fake = d.path().join("criu");
+        std::fs::write(&fake, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (what, _fix) = probe(&fake).unwrap_err();
+        assert!(what.contains("does not read CRIU_CONFIG_FILE"), "{what}");
+        // One that knows neither option.
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\ngrep -q tcp-close \"$CRIU_CONFIG_FILE\" && exit 1\nexit 0\n",
+        )
+        .unwrap();
+        let (what, _fix) = probe(&fake).unwrap_err();
+        assert!(what.contains("refuses the options"), "{what}");
     }
 
     #[test]

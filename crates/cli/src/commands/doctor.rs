@@ -94,6 +94,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
                 Err(e) => Err((format!("cannot run criu: {e}"), SETUP.into())),
             }
         }));
+        // Servers: connections dumped, accepted ones skipped, closed where a restore cannot
+        // keep them (DESIGN §9.8).
+        checks.push(check("sockets", true, stasis_engine::sockets::probe(path)));
         checks.push(check("memory tracking", false, {
             match Command::new(path).args(["check", "--feature", "mem_dirty_track"]).output() {
                 Ok(o) if o.status.success() => Ok("soft-dirty tracking available".into()),
