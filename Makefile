@@ -37,8 +37,8 @@ platform: ## build Kubernetes, containerd, etcd, CoreDNS, Helm, s3s-fs from sour
 
 integration: setup images platform ## integration tests: real CRIU, runc, S3 server, kube-apiserver (root)
 	CI=$${CI:-} tini -s -- $(CARGO) test --locked --workspace --test '*' -- --test-threads=1
-	@echo "GPU script self-test: MOCK GPU (no GPU on this machine): fake torch and driver, real CRIU and stasis"
-	$(CARGO) build --locked -p stasis-cli
+	@echo "GPU self-test: MOCK GPU (no GPU on this machine): stand-in driver and torch, real CRIU, stasis and stasis-gpu-roundtrip"
+	$(CARGO) build --locked -p stasis-cli -p stasis-gpu
 	tini -s -- tests/gpu/selftest.sh
 
 e2e: setup images ## end-to-end tests on the local Kubernetes cluster: the cluster, the chart, restores (builds what they need on first use)

@@ -62,10 +62,10 @@ def secs(ms):
 def table(res, out):
     r = lambda name: load(os.path.join(res, name + ".json")) or {}
     ready, rt = r("ready"), r("roundtrip")
-    s1, c1, u1 = r("suspend1"), r("ckpt1"), r("resume1")
-    s2, c2, rs, u2 = r("suspend2"), r("ckpt2"), r("restore"), r("resume2")
+    c1, c2, rs = r("ckpt1"), r("ckpt2"), r("restore")
+    g1, g2, gr = c1.get("gpu") or {}, c2.get("gpu") or {}, rs.get("gpu") or {}
     cold, meta = r("cold"), meta_of(res)
-    gpu_bytes = ready.get("bytes") or int(float(meta.get("gib", 0)) * (1 << 30))
+    tensor_bytes = ready.get("bytes") or int(float(meta.get("gib", 0)) * (1 << 30))
     rows = []
 
     def row(group, phase, seconds, nbytes=None, note=""):
@@ -75,46 +75,59 @@ def table(res, out):
         rows.append({"group": group, "phase": phase, "s": round(seconds, 3),
                      "GB/s": None if gbs is None else round(gbs, 2), "note": note})
 
+    # What the driver moved (NVML: GPU memory in use before minus while checkpointed), not the
+    # tensors: allocator caches, library workspaces and the contexts move too.
+    rt_bytes = None
+    if rt.get("gpu_used_before_bytes") is not None and rt.get("gpu_used_checkpointed_bytes") is not None:
+        rt_bytes = max(0, rt["gpu_used_before_bytes"] - rt["gpu_used_checkpointed_bytes"])
     if ready:
         row("workload start", "import torch", ready.get("import_s"))
         row("workload start", "CUDA init", ready.get("cuda_init_s"))
-        row("workload start", "fill GPU memory (random)", ready.get("fill_s"), gpu_bytes)
-        row("workload start", "save tensors for cold start", ready.get("save_s"), gpu_bytes)
+        row("workload start", "fill GPU memory (random)", ready.get("fill_s"), tensor_bytes)
+        row("workload start", "save tensors for cold start", ready.get("save_s"), tensor_bytes)
     if rt:
-        row("driver API, in place", "lock", secs(rt.get("lock_ms")))
-        row("driver API, in place", "checkpoint (GPU -> host)", secs(rt.get("checkpoint_ms")), gpu_bytes)
-        row("driver API, in place", "restore (host -> GPU)", secs(rt.get("restore_ms")), gpu_bytes)
-        row("driver API, in place", "unlock", secs(rt.get("unlock_ms")))
-    lr_bytes = (c1.get("stats") or {}).get("logical_bytes")
-    if s1:
-        row("CRIU, leave running", "lock", secs(s1.get("lock_ms")))
-        row("CRIU, leave running", "checkpoint (GPU -> host)", secs(s1.get("checkpoint_ms")), gpu_bytes)
-    if c1:
-        t = c1.get("timings") or {}
-        row("CRIU, leave running", "dump (CRIU)", secs(t.get("dump_ms")), lr_bytes)
-        row("CRIU, leave running", "upload (chunk, compress, encrypt, store)", secs(t.get("store_ms")), lr_bytes)
-    if u1:
-        row("CRIU, leave running", "restore (host -> GPU)", secs(u1.get("restore_ms")), gpu_bytes)
-        row("CRIU, leave running", "unlock", secs(u1.get("unlock_ms")))
-    st_bytes = (c2.get("stats") or {}).get("logical_bytes")
-    if s2:
-        row("CRIU, stop + restore", "lock", secs(s2.get("lock_ms")))
-        row("CRIU, stop + restore", "checkpoint (GPU -> host)", secs(s2.get("checkpoint_ms")), gpu_bytes)
+        g = "driver API, in place"
+        row(g, "driver load (libcuda, cuInit)", secs(rt.get("driver_load_ms")))
+        row(g, "lock", secs(rt.get("lock_ms")))
+        row(g, "checkpoint (GPU -> host)", secs(rt.get("checkpoint_ms")), rt_bytes)
+        row(g, "restore (host -> GPU)", secs(rt.get("restore_ms")), rt_bytes)
+        row(g, "unlock", secs(rt.get("unlock_ms")))
     if c2:
-        t = c2.get("timings") or {}
-        row("CRIU, stop + restore", "dump (CRIU)", secs(t.get("dump_ms")), st_bytes)
-        row("CRIU, stop + restore", "upload (chunk, compress, encrypt, store)", secs(t.get("store_ms")), st_bytes)
+        g, t = "stasis, stop + restore", c2.get("timings") or {}
+        moved = g2.get("bytes_moved")
+        row(g, "driver load (libcuda, cuInit)", secs(g2.get("driver_load_ms")))
+        row(g, "lock", secs(g2.get("lock_ms")))
+        row(g, "checkpoint (GPU -> host)", secs(g2.get("checkpoint_ms")), moved)
+        row(g, "dump (CRIU)", secs(t.get("dump_ms")), (c2.get("stats") or {}).get("logical_bytes"))
+        row(g, "CUDA blocked (lock -> end of dump)", secs(g2.get("blocked_ms")))
+        row(g, "upload (chunk, compress, encrypt, store)", secs(t.get("store_ms")),
+            (c2.get("stats") or {}).get("logical_bytes"))
     if rs:
-        row("CRIU, stop + restore", "download (fetch, verify, decrypt)", secs(rs.get("fetch_ms")), rs.get("bytes"))
-        row("CRIU, stop + restore", "CRIU restore", secs(rs.get("restore_ms")), rs.get("bytes"))
-    if u2:
-        row("CRIU, stop + restore", "restore (host -> GPU)", secs(u2.get("restore_ms")), gpu_bytes)
-        row("CRIU, stop + restore", "unlock", secs(u2.get("unlock_ms")))
+        g = "stasis, stop + restore"
+        row(g, "download (fetch, verify, decrypt)", secs(rs.get("fetch_ms")), rs.get("bytes"))
+        if gr:
+            row(g, "CRIU restore", secs(rs.get("restore_ms", 0) - gr.get("total_ms", 0)), rs.get("bytes"))
+            row(g, "driver load (libcuda, cuInit)", secs(gr.get("driver_load_ms")))
+            row(g, "restore (host -> GPU)", secs(gr.get("restore_ms")), g2.get("bytes_moved"))
+            row(g, "unlock", secs(gr.get("unlock_ms")))
+        else:
+            row(g, "CRIU restore (no GPU step reported)", secs(rs.get("restore_ms")), rs.get("bytes"))
+    if c1:
+        g, t = "stasis, leave running (restored process)", c1.get("timings") or {}
+        moved = g1.get("bytes_moved")
+        row(g, "lock", secs(g1.get("lock_ms")))
+        row(g, "checkpoint (GPU -> host)", secs(g1.get("checkpoint_ms")), moved)
+        row(g, "dump (CRIU)", secs(t.get("dump_ms")), (c1.get("stats") or {}).get("logical_bytes"))
+        row(g, "restore (host -> GPU)", secs(g1.get("restore_ms")), moved)
+        row(g, "unlock", secs(g1.get("unlock_ms")))
+        row(g, "frozen: CUDA blocked, lock -> unlock", secs(t.get("frozen_ms")))
+        row(g, "upload (chunk, compress, encrypt, store)", secs(t.get("store_ms")),
+            (c1.get("stats") or {}).get("logical_bytes"))
     restore_total = None
-    if rs and u2:
-        restore_total = (rs.get("total_ms", 0) + u2.get("restore_ms", 0) + u2.get("unlock_ms", 0)
-                         + u2.get("driver_load_ms", 0)) / 1000.0
-        row("restore vs cold start", "restore, total (stasis restore + GPU restore + unlock)", restore_total)
+    if rs:
+        # stasis's own total: fetch, CRIU restore, driver load, GPU restore, unlock.
+        restore_total = secs(rs.get("total_ms"))
+        row("restore vs cold start", "restore, total (stasis restore, GPU steps included)", restore_total)
     cold_s = meta.get("cold_wall_s")
     if cold_s is not None:
         row("restore vs cold start", "cold start (python, import torch, CUDA init, load tensors)", cold_s,
@@ -123,9 +136,11 @@ def table(res, out):
 
     results = {"meta": meta, "ready": ready, "rows": rows, "restore_total_s": restore_total,
                "cold_start_s": cold_s, "cold_over_restore": ratio,
-               "verify": {k: r("verify-" + k) for k in ("base", "rt", "lr", "restored")},
+               "verify": {k: r("verify-" + k) for k in ("base", "rt", "restored", "lr")},
                "gpu_memory_used": {"before": rt.get("gpu_used_before_bytes"),
-                                   "checkpointed": rt.get("gpu_used_checkpointed_bytes")}}
+                                   "checkpointed": rt.get("gpu_used_checkpointed_bytes")},
+               "bytes": {"tensors": tensor_bytes, "driver_in_place": rt_bytes,
+                         "driver_stop": g2.get("bytes_moved"), "driver_leave_running": g1.get("bytes_moved")}}
     lines = ["| group | phase | s | GB/s |", "|---|---|---:|---:|"]
     for x in rows:
         lines.append("| %s | %s | %.3f | %s |" % (x["group"], x["phase"], x["s"],
@@ -134,8 +149,14 @@ def table(res, out):
         "GPU: %s; driver %s; CUDA driver %s; torch %s (CUDA %s)" % (
             meta.get("gpu", "?"), meta.get("driver", "?"), meta.get("cuda_driver", "?"),
             ready.get("torch", "?"), ready.get("cuda", "?")),
-        "runtime: %s; CRIU: %s; GPU data: %.2f GiB; store: %s" % (
-            meta.get("runtime", "?"), meta.get("criu", "?"), gpu_bytes / (1 << 30), meta.get("store", "?")),
+        "runtime: %s; persistence mode: %s (the driver held open by a helper); CRIU: %s; store: %s" % (
+            meta.get("runtime", "?"), meta.get("persistence_mode", "?"), meta.get("criu", "?"),
+            meta.get("store", "?")),
+        "GPU data: %.2f GiB of tensors; the driver moved %s (GB/s below are from the bytes the driver moved)" % (
+            tensor_bytes / (1 << 30),
+            "; ".join("%.2f GiB %s" % (b / (1 << 30), w) for w, b in (
+                ("in place", rt_bytes), ("at the --stop checkpoint", g2.get("bytes_moved")),
+                ("at the leave-running checkpoint", g1.get("bytes_moved"))) if b is not None) or "?"),
     ]
     if ratio:
         head.append("restore %.2f s vs cold start %.2f s: cold start / restore = %.2fx" % (

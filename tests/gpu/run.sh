@@ -3,18 +3,24 @@
 #
 # Uses only what it carries (dist/gpu/, built here by tests/gpu/prepare.sh) plus the machine's
 # NVIDIA driver and PyTorch; reaches no network. It probes first, then:
-#   1. a PyTorch process fills STASIS_GPU_TEST_GIB (default 8) GiB of GPU memory with seeded random
+#   1. a PyTorch process fills STASIS_GPU_TEST_GIB (default 4) GiB of GPU memory with seeded random
 #      data, records checksums, and counts steps;
 #   2. driver API round trip in place (lock, checkpoint, restore, unlock) with
 #      stasis-gpu-roundtrip, then the workload verifies its tensors and that it kept counting;
-#   3. where `criu check` passes: GPU suspend + `stasis checkpoint process` (leave running) + GPU
-#      resume; then GPU suspend + `stasis checkpoint process --stop`, the process is gone,
-#      `stasis restore --process`, GPU resume, verify tensors and that the count continued;
+#   3. where `criu check` passes, `stasis` drives the GPU itself (it locks, checkpoints, restores
+#      and unlocks; nothing else touches the workload's GPU state): `stasis checkpoint process
+#      --stop`, the process is gone, `stasis restore --process`, verify tensors and that the count
+#      continued; then `stasis checkpoint process` (leave running) of the restored process, verify;
 #   4. a cold start of the same process (python, import torch, CUDA init, load the same tensors);
-#   5. a table of every phase (seconds, GB/s), restore vs cold start, what was skipped and why.
-# Results go to $OUT (gpu-results.md, gpu-results.json, gpu-run.log) when OUT is set.
+#   5. a table of every phase as stasis measured it (seconds; GB/s from the bytes the driver
+#      moved, by NVML), restore vs cold start, what was skipped and why.
+# Every phase's figures go to $OUT as soon as the phase ends (gpu-results.md, gpu-results.json,
+# gpu-run.log), so a machine that stops answering later still returns them. A live restored CUDA
+# process is checkpointed again before it is killed (killing it live can hang the machine:
+# NVIDIA cuda-checkpoint #53), and a helper holds the driver open for the whole run instead of
+# persistence mode (the machine's settings are left as they are).
 #
-# Environment: STASIS_GPU_TEST_GIB (8), STASIS_GPU_TEST_BUDGET seconds for the whole run (225),
+# Environment: STASIS_GPU_TEST_GIB (4), STASIS_GPU_TEST_BUDGET seconds for the whole run (330),
 # STASIS_GPU_DIST (dist/gpu), STASIS_GPU_WORK (parent of the scratch dir, /tmp),
 # STASIS_GPU_LOCK_TIMEOUT_MS (10000), STASIS_GPU_KEEP=1 keeps the scratch dir.
 # Exit status: 0 every check that ran passed (skips are listed), 1 a check failed, 2 nothing ran.
@@ -24,8 +30,8 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 HERE=$ROOT/tests/gpu
 DIST=${STASIS_GPU_DIST:-$ROOT/dist/gpu}
-GIB=${STASIS_GPU_TEST_GIB:-8}
-BUDGET=${STASIS_GPU_TEST_BUDGET:-225}
+GIB=${STASIS_GPU_TEST_GIB:-4}
+BUDGET=${STASIS_GPU_TEST_BUDGET:-330}
 LOCK_MS=${STASIS_GPU_LOCK_TIMEOUT_MS:-10000}
 OUTDIR=${OUT:-}
 SECONDS=0
@@ -38,8 +44,11 @@ LOG=$WORK/run.log
 exec > >(tee -a "$LOG") 2>&1
 
 STARTED=()   # every pid this script started or restored; killed on exit
+CUDA_PIDS=() # of those, the workload's: their GPU state is checkpointed before they are killed
 RAN=0        # checks that ran
 FAILS=0
+API=0        # the driver has the checkpoint API
+RT=""        # stasis-gpu-roundtrip
 
 say() { printf '[%3ds] %s\n' "$SECONDS" "$*"; }
 skip() { say "SKIP $1: $2"; echo "$1: $2" >>"$RES/skipped.txt"; }
@@ -76,17 +85,45 @@ wait_file() { # FILE SECS
   done
 }
 
+# The results so far, to $OUT now: if the machine stops answering later, these come back.
+snapshot() {
+  [[ -n $OUTDIR ]] || return 0
+  mkdir -p "$OUTDIR"
+  python3 "$HERE/report.py" table "$RES" "$OUTDIR" >/dev/null 2>&1 || true
+  cp "$LOG" "$OUTDIR/gpu-run.log" 2>/dev/null || true
+}
+
+# stop_cuda PID: ends a workload process without killing a live CUDA process: its GPU state is
+# checkpointed first (terminating a live restored CUDA process took the host down in NVIDIA
+# cuda-checkpoint #53; "suspending the CUDA state again before the kill makes teardown safe").
+stop_cuda() {
+  local p=$1
+  if ! alive "$p"; then
+    reap "$p"
+    return 0
+  fi
+  if [[ -n $RT ]] && ((API)); then
+    if timeout -k 3 60 "$RT" "$p" --tree --action suspend --lock-timeout-ms "$LOCK_MS" \
+      >"$RES/final-suspend-$p.json" 2>&1; then
+      say "pid $p: GPU state checkpointed before the kill"
+    else
+      say "pid $p: could not checkpoint its GPU state before the kill: $(tail -n1 "$RES/final-suspend-$p.json")"
+    fi
+  fi
+  kill -9 "$p" 2>/dev/null || true
+  for _ in $(seq 25); do alive "$p" || break; sleep 0.2; done
+  reap "$p"
+}
+
 cleanup() {
   local rc=$?
   set +e
+  for p in "${CUDA_PIDS[@]}"; do stop_cuda "$p"; done
   for p in "${STARTED[@]}"; do
     alive "$p" && kill -9 "$p" 2>/dev/null
   done
-  if [[ -n $OUTDIR ]]; then
-    mkdir -p "$OUTDIR"
-    sleep 0.3
-    cp "$LOG" "$OUTDIR/gpu-run.log" 2>/dev/null
-  fi
+  sleep 0.3
+  snapshot
   if [[ -z ${STASIS_GPU_KEEP:-} ]]; then
     rm -rf "$WORK"
   else
@@ -128,6 +165,12 @@ bin() { # the carried binary, else a local release build
 }
 RT=$(bin stasis-gpu-roundtrip)
 STASIS=$(bin stasis)
+CRIU=""
+if [[ -x $DIST/criu/criu ]]; then CRIU=$DIST/criu/criu
+elif command -v criu >/dev/null; then CRIU=$(command -v criu)
+fi
+# Before anything runs stasis (doctor included): the CRIU stasis uses.
+[[ -n $CRIU ]] && export STASIS_CRIU=$CRIU
 [[ -f $DIST/MANIFEST ]] && sed 's/^/  dist: /' "$DIST/MANIFEST"
 say "kernel $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/{printf "%d GiB", $2/1048576}' /proc/meminfo) RAM"
 RUNTIME="kernel $(uname -r)"
@@ -142,7 +185,6 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 HAVE_DRIVER=0
-API=0
 if [[ -z $RT ]]; then
   skip "driver API" "stasis-gpu-roundtrip not carried (run tests/gpu/prepare.sh and carry dist/gpu)"
 else
@@ -158,6 +200,7 @@ else
   else
     HAVE_DRIVER=1
     meta driver "$(jget "$RES/probe.json" driver_version)"
+    meta persistence_mode "$(jget "$RES/probe.json" persistence_mode)"
     meta cuda_driver "$(jget "$RES/probe.json" cuda_driver_version)"
     meta gpu "$(jget "$RES/probe.json" fingerprint.devices.0.name) x $(python3 -c "import json;print(len(json.load(open('$RES/probe.json'))['fingerprint']['devices']))" 2>/dev/null || echo '?')"
     if [[ $(jget "$RES/probe.json" checkpoint_api) == true ]]; then
@@ -184,10 +227,6 @@ if ((HAVE_DRIVER)); then
 fi
 
 CRIU_OK=0
-CRIU=""
-if [[ -x $DIST/criu/criu ]]; then CRIU=$DIST/criu/criu
-elif command -v criu >/dev/null; then CRIU=$(command -v criu)
-fi
 if [[ -z $CRIU ]]; then
   skip "CRIU part" "no CRIU carried (dist/gpu/criu) or installed"
 elif [[ -z $STASIS ]]; then
@@ -202,6 +241,21 @@ else
   fi
   T 30 "$STASIS" doctor 2>&1 | sed 's/^/  doctor: /' || true
 fi
+snapshot
+
+# A helper that holds the driver initialised for the whole run: a restore needs persistence
+# mode or cuInit done (CUDA docs, cuCheckpointProcessRestore), and without either the driver
+# tears the GPU down between the --stop and the restore; the machine's settings stay as they are.
+if ((API)); then
+  mkfifo "$WORK/keeper.in"
+  "$RT" --keep-driver <"$WORK/keeper.in" >"$RES/keeper.json" 2>&1 &
+  STARTED+=($!)
+  disown # ended by cleanup: no "Killed" notice
+  # The write end stays open in this shell: the helper ends when this script does (end of file).
+  exec 9>"$WORK/keeper.in"
+  sleep 1
+  say "driver held open by pid ${STARTED[-1]}: $(cat "$RES/keeper.json")"
+fi
 
 # ---------------------------------------------------------------------------------------------
 WPID=""
@@ -209,18 +263,23 @@ if ((TORCH)); then
   say "== workload: ${GIB} GiB of random data on the GPU"
   free_gib=$(df -BG --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
   SAVE=(--save "$WORK/saved")
-  need=$(python3 -c "print(int(4 * $GIB + 8))")
+  # saved tensors + the store + one checkpoint's images at a time, with room
+  need=$(python3 -c "import math; print(math.ceil(3 * $GIB + 4))")
   if ((free_gib < need)); then
     SAVE=()
     skip "cold start" "only ${free_gib} GiB free on $WORK, ${need} GiB needed for saved tensors, store and images"
   fi
-  setsid python3 "$HERE/workload.py" --dir "$STATE" --gib "$GIB" "${SAVE[@]}" \
+  # No expandable segments: PyTorch would map them with exportable VMM handles, which the
+  # checkpoint API does not support (CUDA_ERROR_NOT_SUPPORTED).
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
+    setsid python3 "$HERE/workload.py" --dir "$STATE" --gib "$GIB" "${SAVE[@]}" \
     </dev/null >"$WORK/workload.log" 2>&1 &
   STARTED+=($!)
   if wait_file "$STATE/ready" "$(( $(left) > 150 ? 150 : $(left) ))"; then
     cp "$STATE/ready" "$RES/ready.json"
     WPID=$(jget "$RES/ready.json" pid)
     STARTED+=("$WPID")
+    CUDA_PIDS+=("$WPID")
     say "workload pid $WPID ready: $(cat "$RES/ready.json")"
   else
     fail "workload did not become ready"
@@ -228,7 +287,6 @@ if ((TORCH)); then
   fi
 fi
 
-N=0
 verify() { # ID SECS [MIN_STEP]: ask the workload to check its tensors; pass/fail
   local id=$1 f=$STATE/verify-$1.json
   echo "$id" >"$STATE/verify-request.tmp" && mv "$STATE/verify-request.tmp" "$STATE/verify-request"
@@ -257,6 +315,7 @@ if [[ -n $WPID ]]; then
   sleep 1
   verify base 60 || true
 fi
+snapshot
 
 # ---------------------------------------------------------------------------------------------
 if [[ -n $WPID ]] && ((API)); then
@@ -279,107 +338,123 @@ elif [[ -n $WPID ]]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-gpu() { # NAME PID ACTION: stasis-gpu-roundtrip --action, result in $RES/NAME.json
-  T 90 "$RT" "$2" --tree --action "$3" --lock-timeout-ms "$LOCK_MS" >"$RES/$1.json" &&
-    say "gpu $3: $(cat "$RES/$1.json")"
-}
 criu_logs() {
   find "$WORK/scratch" -name '*.log' -newer "$RES/ready.json" 2>/dev/null | while read -r l; do
     say "--- $l (tail)"
     tail -n 25 "$l"
   done
 }
+nvidia_fds() { # PID WHEN: NVIDIA files a process still holds (CRIU cannot dump them)
+  local f t held=()
+  for f in /proc/"$1"/fd/*; do
+    t=$(readlink "$f" 2>/dev/null) || continue
+    [[ $t == /dev/nvidia* ]] && held+=("$t")
+  done
+  say "pid $1 $2: ${#held[@]} /dev/nvidia* fds open${held[*]:+: ${held[*]}}"
+}
+# stasis_gpu NAME WHAT: stasis's report must show that stasis itself drove the GPU.
+stasis_gpu() {
+  local n
+  n=$(jget "$RES/$1.json" gpu.processes)
+  if [[ $n =~ ^[0-9]+$ ]] && ((n >= 1)); then
+    pass "$2: stasis drove the GPU of $n CUDA process(es)"
+    return 0
+  fi
+  fail "$2: stasis's report has no GPU phases (stasis did not drive the GPU): $(cat "$RES/$1.json")"
+  return 1
+}
 
 if [[ -n $WPID ]] && ((API)) && ((CRIU_OK)); then
-  if (($(left) < 100)); then
-    skip "CRIU part" "only $(left) s of the budget left"
+  free_gib=$(df -BG --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
+  need=$(python3 -c "import math; print(math.ceil(2.5 * $GIB + 3))")
+  # stop + restore: two CRIU passes over the data and a store round trip.
+  need_s=$(python3 -c "import math; print(math.ceil(45 + 25 * $GIB))")
+  if ((free_gib < need)); then
+    skip "CRIU part" "only ${free_gib} GiB free on $WORK, ${need} GiB needed for the store and the images"
+  elif (($(left) < need_s)); then
+    skip "CRIU part" "only $(left) s of the budget left, ${need_s} s needed at ${GIB} GiB"
   else
-    say "== CRIU: checkpoint leave-running, then stop, restore"
-    export STASIS_CRIU=$CRIU
+    say "== CRIU, driven by stasis: checkpoint --stop, restore, then checkpoint the restored process (leave running)"
     KEY=$WORK/key
     STORE=file://$WORK/store
     mkdir -p "$WORK/store" "$WORK/scratch"
     meta store "file:// on $(df --output=source "$WORK" | tail -n1) (local disk)"
     "$STASIS" key generate "$KEY" >/dev/null
     COMMON=(--store "$STORE" --key "$KEY" --work-dir "$WORK/scratch")
-    ok=1
-    # a) leave running
-    if gpu suspend1 "$WPID" suspend; then
-      if T 150 "$STASIS" -q -o json checkpoint process "$WPID" "${COMMON[@]}" --workload gpu-test >"$RES/ckpt1.json"; then
-        say "checkpoint: $(cat "$RES/ckpt1.json")"
-        pass "stasis checkpoint process (leave running)"
+    # a) stop, restore: stasis locks and checkpoints, CRIU dumps and kills; stasis restores with
+    #    CRIU, then restores the GPU state and unlocks.
+    NEWPID=""
+    nvidia_fds "$WPID" "before the checkpoint"
+    if T 240 "$STASIS" -q -o json checkpoint process "$WPID" "${COMMON[@]}" --workload gpu-test --stop >"$RES/ckpt2.json"; then
+      say "checkpoint --stop: $(cat "$RES/ckpt2.json")"
+      s_dump=$(step_now)
+      pass "stasis checkpoint process --stop"
+      stasis_gpu ckpt2 "checkpoint --stop" || true
+      for _ in $(seq 50); do alive "$WPID" || break; sleep 0.2; done
+      if alive "$WPID"; then
+        say "pid $WPID still there after --stop; stopping it"
+        stop_cuda "$WPID"
+      fi
+      reap "$WPID" # the restore needs its pid free
+      snapshot
+      REF=$(jget "$RES/ckpt2.json" reference)
+      if T 240 "$STASIS" -q -o json restore "$REF" "${COMMON[@]}" --process >"$RES/restore.json"; then
+        say "restore: $(cat "$RES/restore.json")"
+        NEWPID=$(jget "$RES/restore.json" pid)
+        STARTED+=("$NEWPID")
+        CUDA_PIDS+=("$NEWPID")
+        pass "stasis restore --process ($REF as pid $NEWPID)"
+        stasis_gpu restore "restore" || true
+        nvidia_fds "$NEWPID" "after the restore"
+        T 30 "$RT" "$NEWPID" --action state >"$RES/state-restored.json" && say "driver: $(cat "$RES/state-restored.json")"
+        sleep 0.5
+        verify restored 90 "$s_dump" || true
+      else
+        fail "stasis restore --process"
+        cat "$RES/restore.json" 2>/dev/null
+        criu_logs
+      fi
+    else
+      fail "stasis checkpoint process --stop"
+      cat "$RES/ckpt2.json" 2>/dev/null
+      criu_logs
+    fi
+    snapshot
+    # b) leave running, of the restored process: stasis locks, checkpoints, CRIU dumps, stasis
+    #    restores and unlocks; the workload must keep counting from where it was.
+    need_s=$(python3 -c "import math; print(math.ceil(20 + 12 * $GIB))")
+    if [[ -z $NEWPID ]]; then
+      skip "CRIU leave-running" "no restored process"
+    elif (($(left) < need_s)); then
+      skip "CRIU leave-running" "only $(left) s of the budget left, ${need_s} s needed at ${GIB} GiB"
+    else
+      if T 240 "$STASIS" -q -o json checkpoint process "$NEWPID" "${COMMON[@]}" --workload gpu-test >"$RES/ckpt1.json"; then
+        say "checkpoint (leave running): $(cat "$RES/ckpt1.json")"
+        pass "stasis checkpoint process (leave running, of the restored process)"
+        stasis_gpu ckpt1 "checkpoint, leave running" || true
+        s0=$(step_now)
+        nvidia_fds "$NEWPID" "after the leave-running checkpoint"
+        sleep 0.5
+        verify lr 60 "$s0" || true
       else
         fail "stasis checkpoint process (leave running)"
+        cat "$RES/ckpt1.json" 2>/dev/null
         criu_logs
-        ok=0
       fi
-      s0=$(step_now)
-      if gpu resume1 "$WPID" resume; then
-        sleep 0.5
-        verify lr 60 "$s0" || ok=0
-      else
-        fail "GPU resume after the leave-running dump"
-        ok=0
-      fi
-    else
-      fail "GPU suspend before the dump"
-      ok=0
-    fi
-    # b) stop, kill, restore
-    if ((ok)) && (($(left) > 60)); then
-      if gpu suspend2 "$WPID" suspend; then
-        if T 150 "$STASIS" -q -o json checkpoint process "$WPID" "${COMMON[@]}" --workload gpu-test --stop >"$RES/ckpt2.json"; then
-          say "checkpoint --stop: $(cat "$RES/ckpt2.json")"
-          s_dump=$(step_now)
-          for _ in $(seq 50); do alive "$WPID" || break; sleep 0.2; done
-          if alive "$WPID"; then
-            say "pid $WPID still there after --stop; killing it"
-            kill -9 "$WPID" || true
-            sleep 0.5
-          fi
-          reap "$WPID" # the restore needs its pid free
-          REF=$(jget "$RES/ckpt2.json" reference)
-          if T 150 "$STASIS" -q -o json restore "$REF" "${COMMON[@]}" --process >"$RES/restore.json"; then
-            say "restore: $(cat "$RES/restore.json")"
-            NEWPID=$(jget "$RES/restore.json" pid)
-            STARTED+=("$NEWPID")
-            pass "stasis restore --process ($REF as pid $NEWPID)"
-            if gpu resume2 "$NEWPID" resume; then
-              sleep 0.5
-              verify restored 90 "$s_dump" || true
-            else
-              fail "GPU restore + unlock after the CRIU restore"
-            fi
-          else
-            fail "stasis restore --process"
-            criu_logs
-          fi
-        else
-          fail "stasis checkpoint process --stop"
-          criu_logs
-          gpu resume-failed "$WPID" resume || true
-        fi
-      else
-        fail "GPU suspend before the --stop dump"
-      fi
-    else
-      skip "CRIU stop + restore" "leave-running part failed or too little time left ($(left) s)"
     fi
   fi
 elif [[ -n $WPID ]] && ((CRIU_OK)); then
   skip "CRIU part" "no checkpoint API"
 fi
+snapshot
 
 # ---------------------------------------------------------------------------------------------
-touch "$STATE/stop"
-for p in "${STARTED[@]}"; do
-  for _ in $(seq 25); do alive "$p" || break; sleep 0.2; done
-  if alive "$p"; then kill -9 "$p" 2>/dev/null || true; fi
-  reap "$p"
-done
+for p in "${CUDA_PIDS[@]}"; do stop_cuda "$p"; done
+CUDA_PIDS=()
 if [[ -d $WORK/saved ]]; then
-  if (($(left) < 30)); then
-    skip "cold start" "only $(left) s of the budget left"
+  need_s=$(python3 -c "import math; print(math.ceil(20 + 5 * $GIB))")
+  if (($(left) < need_s)); then
+    skip "cold start" "only $(left) s of the budget left, ${need_s} s needed"
   else
     say "== cold start: python, import torch, CUDA init, load ${GIB} GiB from $WORK/saved (page cache warm, like the store)"
     t0=$(date +%s.%N)

@@ -11,9 +11,15 @@
 //!     one call, like NVIDIA's cuda-checkpoint (--lock-timeout-ms applies to lock).
 //! stasis-gpu-roundtrip <PID> [--tree] --action suspend|resume
 //!     suspend: lock all, then checkpoint all, and leave them CHECKPOINTED (for a CRIU dump
-//!     that follows); resume: from whatever state each is in, restore all then unlock all
-//!     (after a CRIU restore, or after a leave-running dump).
+//!     that follows, or to make a live restored process safe to kill: cuda-checkpoint #53);
+//!     resume: from whatever state each is in, restore all then unlock all.
+//! stasis-gpu-roundtrip --keep-driver
+//!     loads the driver (cuInit), prints one JSON line, and holds it until stdin closes or it is
+//!     killed: keeps the driver initialised between processes without changing the machine's
+//!     settings (no persistence mode), as a restore needs (cuCheckpointProcessRestore: "requires
+//!     persistence mode to be enabled or cuInit to have been called").
 //! ```
+//! Every driver call has a deadline (`STASIS_GPU_CALL_DEADLINE_MS`, default 300 s).
 //! Exit status: 0 success, 1 failure (message on stderr), 2 usage, 3 no NVIDIA driver.
 
 use std::process::ExitCode;
@@ -21,16 +27,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stasis_gpu::detect::{process_tree, Procfs};
-use stasis_gpu::{probe, suspend_all, CheckpointApi, Driver, GpuError};
+use stasis_gpu::{probe, suspend_all, CheckpointApi, Driver, GpuError, WithDeadline};
 
 const USAGE: &str = "usage: stasis-gpu-roundtrip --probe [--json]\n       \
     stasis-gpu-roundtrip <PID> [--tree] [--lock-timeout-ms N] [--hold-ms N]\n       \
     stasis-gpu-roundtrip <PID> --action state|lock|checkpoint|restore|unlock|restore-tid \
     [--lock-timeout-ms N]\n       \
-    stasis-gpu-roundtrip <PID> [--tree] --action suspend|resume [--lock-timeout-ms N]";
+    stasis-gpu-roundtrip <PID> [--tree] --action suspend|resume [--lock-timeout-ms N]\n       \
+    stasis-gpu-roundtrip --keep-driver";
 
 struct Args {
     probe: bool,
+    keep_driver: bool,
     json: bool,
     pid: Option<i32>,
     tree: bool,
@@ -42,6 +50,7 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         probe: false,
+        keep_driver: false,
         json: false,
         pid: None,
         tree: false,
@@ -57,6 +66,7 @@ fn parse() -> Result<Args, String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--probe" => a.probe = true,
+            "--keep-driver" => a.keep_driver = true,
             "--json" => a.json = true,
             "--tree" => a.tree = true,
             "--lock-timeout-ms" => {
@@ -68,13 +78,17 @@ fn parse() -> Result<Args, String> {
             p => a.pid = Some(p.parse().map_err(|_| format!("not a pid: {p}"))?),
         }
     }
-    if !a.probe && a.pid.is_none() {
-        return Err("a PID or --probe is needed".into());
+    if !a.probe && !a.keep_driver && a.pid.is_none() {
+        return Err("a PID, --probe or --keep-driver is needed".into());
     }
     Ok(a)
 }
 
 fn main() -> ExitCode {
+    // Before any thread: this tool acts on other processes' GPUs and must see all of them.
+    for (name, value) in stasis_gpu::driver::unmask_device_view() {
+        eprintln!("stasis-gpu-roundtrip: ignoring {name}={value} (it must see every GPU)");
+    }
     let args = match parse() {
         Ok(a) => a,
         Err(e) => {
@@ -99,6 +113,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         };
     }
+    if args.keep_driver {
+        return keep_driver();
+    }
     match run(&args) {
         Ok(out) => {
             println!("{out}");
@@ -111,6 +128,26 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("stasis-gpu-roundtrip: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--keep-driver`: holds an initialised driver until stdin closes (or a signal ends it).
+fn keep_driver() -> ExitCode {
+    let t = Instant::now();
+    match Driver::load() {
+        Ok(d) => {
+            println!(
+                "{}",
+                serde_json::json!({ "keeping": d.path(), "driver_load_ms": ms(t.elapsed()) })
+            );
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("stasis-gpu-roundtrip: {e}");
+            ExitCode::from(3)
         }
     }
 }
@@ -128,7 +165,7 @@ fn ms(d: Duration) -> f64 {
 /// The pids to act on: `pid`, or with `--tree` every process of its tree that the driver knows
 /// as a CUDA process (all of the tree, not only those with NVIDIA devices open: after a CRIU
 /// restore the checkpointed processes have none).
-fn target_pids(a: &Args, driver: &Driver, check: bool) -> Result<Vec<i32>, GpuError> {
+fn target_pids(a: &Args, driver: &dyn CheckpointApi, check: bool) -> Result<Vec<i32>, GpuError> {
     let pid = a.pid.unwrap_or_default();
     let procfs = Procfs::default();
     let pids = if a.tree {
@@ -147,7 +184,7 @@ fn target_pids(a: &Args, driver: &Driver, check: bool) -> Result<Vec<i32>, GpuEr
 
 fn group_action(
     a: &Args,
-    driver: Arc<Driver>,
+    driver: Arc<dyn CheckpointApi>,
     action: &str,
     init_ms: f64,
 ) -> Result<serde_json::Value, GpuError> {
@@ -180,8 +217,13 @@ fn group_action(
 fn run(a: &Args) -> Result<serde_json::Value, GpuError> {
     let pid = a.pid.unwrap_or_default();
     let t = Instant::now();
-    let driver = Arc::new(Driver::load()?);
+    let loaded = Arc::new(Driver::load()?);
     let init_ms = ms(t.elapsed());
+    let cuda_version = loaded.cuda_version();
+    let driver: Arc<dyn CheckpointApi> = Arc::new(WithDeadline::new(
+        loaded,
+        stasis_gpu::deadline::call_deadline(),
+    ));
     if let Some(action @ ("suspend" | "resume")) = a.action.as_deref() {
         return group_action(a, driver, action, init_ms);
     }
@@ -221,7 +263,7 @@ fn run(a: &Args) -> Result<serde_json::Value, GpuError> {
     let after = driver.state(pid)?;
     Ok(serde_json::json!({
         "pids": pids,
-        "cuda_driver_version": driver.cuda_version(),
+        "cuda_driver_version": cuda_version,
         "driver_load_ms": init_ms,
         "state_before": before.to_string(),
         "state_checkpointed": state_checkpointed,

@@ -3,14 +3,59 @@
 For tests/gpu/selftest.sh only, on machines without a GPU: it lets run.sh's flow (workload,
 verification requests, CRIU checkpoint and restore of the process, cold start, report) run for
 real with small sizes. Nothing here touches a GPU and no result from it is a GPU measurement.
+
+"CUDA" here is the stand-in driver tests/gpu/fake/fakecuda.c (STASIS_LIBCUDA): CUDA init creates
+a context there (which makes this process a CUDA process to stasis: libcuda mapped, a state the
+driver knows), every "device" allocation is counted there (NVML's memory in use), and every step
+goes through a call that blocks while the driver has the process locked or checkpointed, as
+real CUDA calls do. The tensors' data itself lives in Python memory.
 """
 
+import ctypes
+import os
 import pickle
 import random as _random
 from array import array
 
 __version__ = "0.0-fake"
 FAKE = True
+
+
+_LIB = None
+
+
+def _driver():
+    """The stand-in driver, loaded and initialised once (cuInit, a primary context)."""
+    global _LIB
+    if _LIB is None:
+        path = os.environ.get("STASIS_LIBCUDA")
+        if not path:
+            raise RuntimeError("the fake torch needs STASIS_LIBCUDA naming the stand-in driver "
+                               "(tests/gpu/selftest.sh builds it from tests/gpu/fake/fakecuda.c)")
+        lib = ctypes.CDLL(path)
+        rc = lib.cuInit(0)
+        if rc != 0:
+            raise RuntimeError("cuInit failed: %d" % rc)
+        ctx = ctypes.c_void_p()
+        rc = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+        if rc != 0:
+            raise RuntimeError("cuDevicePrimaryCtxRetain failed: %d" % rc)
+        _LIB = lib
+    return _LIB
+
+
+def _launch():
+    """A CUDA call: blocks while the driver holds the process locked or checkpointed."""
+    rc = _driver().stasisFakeLaunch()
+    if rc != 0:
+        raise RuntimeError("CUDA call failed: %d" % rc)
+
+
+def _alloc(nbytes):
+    ptr = ctypes.c_ulonglong()
+    rc = _driver().cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+    if rc != 0:
+        raise RuntimeError("cuMemAlloc failed: %d" % rc)
 
 
 class _Version:
@@ -57,6 +102,8 @@ class Tensor:
     def to(self, x):
         if isinstance(x, dtype):
             return Tensor(array(x.code, self.data), x)
+        if x == "cuda":
+            _alloc(len(self.data) * self.data.itemsize)
         return self
 
     def cpu(self):
@@ -66,12 +113,14 @@ class Tensor:
         return self
 
     def sum(self):
+        _launch()
         return Tensor(array(self.dtype.code, [sum(self.data)]), self.dtype)
 
     def item(self):
         return self.data[0]
 
     def __iadd__(self, n):
+        _launch()
         for i in range(len(self.data)):
             self.data[i] += n
         return self
@@ -81,6 +130,7 @@ class _Matrix:
     """Stands in for the step's small matmul: no arithmetic."""
 
     def __matmul__(self, other):
+        _launch()
         return self
 
     def __truediv__(self, n):
@@ -88,14 +138,22 @@ class _Matrix:
 
 
 def empty(n, dtype=int32, device=None):
-    return Tensor(array(dtype.code, bytes(n * array(dtype.code).itemsize)), dtype)
+    nbytes = n * array(dtype.code).itemsize
+    if device == "cuda":
+        _alloc(nbytes)
+    return Tensor(array(dtype.code, bytes(nbytes)), dtype)
 
 
 def zeros(n, dtype=int32, device=None):
-    return empty(n, dtype)
+    return empty(n, dtype, device)
 
 
 def randn(*shape, device=None, generator=None):
+    if device == "cuda":
+        n = 1
+        for d in shape:
+            n *= d
+        _alloc(4 * n)
     return _Matrix()
 
 
@@ -120,15 +178,19 @@ def load(path, mmap=False, weights_only=False):
 class cuda:
     @staticmethod
     def init():
-        pass
+        _driver()
 
     @staticmethod
     def synchronize():
-        pass
+        _launch()
 
     @staticmethod
     def is_available():
-        return True
+        try:
+            _driver()
+            return True
+        except (OSError, RuntimeError):
+            return False
 
     @staticmethod
     def get_device_name(i=0):
