@@ -85,7 +85,9 @@ pub struct CheckpointCommon {
     /// Stop the workload after the checkpoint (default: leave it running).
     #[arg(long)]
     pub stop: bool,
-    /// Close established TCP connections instead of checkpointing them.
+    /// Do not checkpoint established TCP connections: CRIU neither dumps nor pauses them
+    /// (`tcp-close`), and a restore gives the workload those sockets closed. By default their
+    /// state is dumped, so a restore where they can continue keeps them (see `restore`).
     #[arg(long)]
     pub no_tcp_established: bool,
     /// Engine/model versions the workload declares (KEY=VALUE, repeatable); a restore must
@@ -144,7 +146,10 @@ pub struct RestoreArgs {
     /// unchanged files).
     #[arg(long)]
     pub log: Option<PathBuf>,
-    /// Close established TCP connections instead of restoring them.
+    /// Close established TCP connections instead of restoring them. By default they are
+    /// restored only where they can continue (a stop-mode checkpoint, or both ends in it, restored
+    /// where their addresses exist) and closed elsewhere: in a new network namespace, on another
+    /// machine, after a leave-running checkpoint. Listening sockets are always restored.
     #[arg(long)]
     pub no_tcp_established: bool,
     /// Engine/model versions this restore target declares (KEY=VALUE, repeatable).

@@ -16,6 +16,7 @@ use crate::image::ImageDir;
 use crate::proctree;
 use crate::rootfs;
 use crate::runc::{CheckpointOpts, Runc};
+use crate::sockets::{self, CriuConf, SocketRecord};
 use crate::tools;
 
 /// Bundle annotations that carry the digest of the image a rootfs was made from.
@@ -108,12 +109,25 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let rootfs = rootfs::capture(&rootfs_kind, &state.rootfs, started, req.image)?;
     let rootfs_ms = ms(t);
 
+    // The tree's TCP sockets as CRIU is about to see them (frozen), for the restore's choice
+    // between keeping and closing its connections (DESIGN §9.8).
+    let sockets = SocketRecord {
+        state_dumped: req.tcp_established,
+        leave_running: req.leave_running,
+        ..sockets::scan(&pids)
+    };
+    let conf = CriuConf::write(
+        &req.image.root,
+        &sockets::dump_options(!req.tcp_established),
+    )?;
+
     let t = Instant::now();
     let opts = CheckpointOpts {
         image_path: &req.image.criu(),
         work_path: &req.image.criu(),
         leave_running: req.leave_running,
         tcp_established: req.tcp_established,
+        criu_conf: Some(&conf.path),
     };
     let child = req.runc.spawn_checkpoint(req.id, &opts)?;
     guard.watch(&child);
@@ -139,6 +153,8 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let (gpu_fp, gpu_report) = finish_gpu(gpu, req.leave_running)?;
     // A CUDA process is blocked from its lock, before the freeze, to its unlock, after it.
     let frozen_ms = blocked_ms(ms(freeze), gpu_report.as_ref());
+    drop(conf);
+    sockets::write_record(&req.image.criu(), &sockets)?;
     info!(
         container = req.id,
         frozen_ms, dump_ms, rootfs_ms, "container checkpointed"
@@ -351,9 +367,28 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         .map_err(EngineError::io(&info_path))?;
 
     let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
+    let sockets = SocketRecord {
+        state_dumped: req.tcp_established,
+        leave_running: req.leave_running,
+        own_netns: sockets::own_netns(req.pid),
+        ..sockets::scan(&pids)
+    };
+    sockets::write_record(&dir, &sockets)?;
+    // `tcp-close` has no setter in CRIU's RPC client: a configuration file, handed to
+    // `criu swrk` by a wrapper.
+    let mut conf = None;
+    let criu_bin = if req.tcp_established {
+        criu_path.clone()
+    } else {
+        let c = conf.insert(CriuConf::write(
+            &req.image.root,
+            &sockets::dump_options(true),
+        )?);
+        c.criu_wrapper(&criu_path)?
+    };
     let gpu = cuda::suspend(&pids, cuda::DEFAULT_LOCK_TIMEOUT)?;
     let dir_fd = open_dir_inheritable(&dir)?;
-    let mut criu = rust_criu::Criu::new_with_criu_path(criu_path.display().to_string())
+    let mut criu = rust_criu::Criu::new_with_criu_path(criu_bin.display().to_string())
         .map_err(|e| criu_failed("criu dump", e, None))?;
     criu.set_pid(req.pid);
     criu.set_images_dir_fd(dir_fd.as_raw_fd());
@@ -361,6 +396,9 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
     criu.set_log_level(4);
     criu.set_leave_running(req.leave_running);
     criu.set_tcp_established(req.tcp_established);
+    // A connection half-way through the accept queue of a listening socket is left out (its
+    // client retries): a busy server's checkpoint must not fail on it (B5).
+    criu.set_tcp_skip_in_flight(true);
     criu.set_shell_job(shell_job);
     criu.set_file_locks(true);
     criu.set_ext_unix_sk(true);
@@ -373,6 +411,7 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
         )
     })?;
     let dump_ms = ms(t);
+    drop(conf);
     let (gpu_fp, gpu_report) = finish_gpu(gpu, req.leave_running)?;
     let gpu_processes = gpu_report.map_or(0, |r| r.processes);
     info!(

@@ -15,6 +15,7 @@ use crate::image::ImageDir;
 use crate::proctree;
 use crate::rootfs;
 use crate::runc::{RestoreOpts, Runc};
+use crate::sockets;
 use crate::tools;
 
 /// A container restore request.
@@ -79,7 +80,6 @@ fn resume_gpu(
     }))
 }
 
-
 /// The parts of a bundle's `config.json` a restore reads.
 #[derive(Debug, serde::Deserialize)]
 struct BundleConfig {
@@ -126,6 +126,20 @@ pub fn bundle_image_digest(bundle: &Path) -> Result<Option<String>, EngineError>
         .find_map(|k| cfg.annotations.get(*k).cloned()))
 }
 
+/// The network namespace a restore into `bundle` puts the sockets in: the restoring process's
+/// (no network namespace in the config), the one the config joins by path, or a new one.
+pub fn tcp_target(bundle: &Path) -> Result<sockets::Target, EngineError> {
+    let cfg = read_bundle(bundle)?;
+    let ns = cfg.linux.unwrap_or_default().namespaces;
+    Ok(match ns.iter().find(|n| n.kind == "network") {
+        None => sockets::Target::Current,
+        Some(n) => match n.path.as_deref().filter(|p| !p.is_empty()) {
+            Some(p) => sockets::Target::Joined(p.into()),
+            None => sockets::Target::New,
+        },
+    })
+}
+
 /// Restores a container checkpoint into a new container (detached, running). On failure nothing
 /// is left behind: the half-restored container is deleted.
 pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError> {
@@ -167,12 +181,20 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
                 .map_err(EngineError::io(p))
         })
         .transpose()?;
+    // Connections are restored as they were, or closed (`tcp-close`, which runc has no flag
+    // for); the caller decides with `sockets::decide_for` (DESIGN §9.8).
+    let conf = if req.tcp_established {
+        None
+    } else {
+        Some(sockets::CriuConf::write(&req.image.root, &["tcp-close"])?)
+    };
     let opts = RestoreOpts {
         image_path: &req.image.criu(),
         work_path: &req.image.criu(),
         bundle: req.bundle,
         pid_file: &pid_file,
         tcp_established: req.tcp_established,
+        criu_conf: conf.as_ref().map(|c| c.path.as_path()),
     };
     let restored = req
         .runc
@@ -252,11 +274,38 @@ pub fn restore_process(
     restore_process_reporting(image, stdio_log, gpu).map(|r| r.pid)
 }
 
+/// [`restore_process_reporting`], closing the tree's established TCP connections when
+/// `close_tcp` or wherever they cannot be kept (`sockets::decide_for`), with that decision.
+pub fn restore_process_tcp(
+    image: &ImageDir,
+    stdio_log: Option<&Path>,
+    gpu: Option<GpuRestore<'_>>,
+    close_tcp: bool,
+) -> Result<(Restored, sockets::Decision), EngineError> {
+    let record = sockets::read_record(&image.criu());
+    let target = if record.as_ref().is_some_and(|r| r.own_netns) {
+        sockets::Target::New
+    } else {
+        sockets::Target::Current
+    };
+    let tcp = sockets::decide_for(record.as_ref(), &target, close_tcp);
+    restore_process_inner(image, stdio_log, gpu, &tcp).map(|r| (r, tcp))
+}
+
 /// [`restore_process`], with the report of its GPU steps.
 pub fn restore_process_reporting(
     image: &ImageDir,
     stdio_log: Option<&Path>,
     gpu: Option<GpuRestore<'_>>,
+) -> Result<Restored, EngineError> {
+    restore_process_tcp(image, stdio_log, gpu, false).map(|(r, _)| r)
+}
+
+fn restore_process_inner(
+    image: &ImageDir,
+    stdio_log: Option<&Path>,
+    gpu: Option<GpuRestore<'_>>,
+    tcp: &sockets::Decision,
 ) -> Result<Restored, EngineError> {
     let (criu_path, _) = tools::criu_checked()?;
     let dir = image.criu();
@@ -280,8 +329,17 @@ pub fn restore_process_reporting(
             log: None,
         });
     }
+    // `tcp-close` has no setter in CRIU's RPC client: a configuration file, handed to
+    // `criu swrk` by a wrapper.
+    let mut conf = None;
+    let criu_bin = if tcp.keeps() {
+        criu_path.clone()
+    } else {
+        let c = conf.insert(sockets::CriuConf::write(&image.root, &["tcp-close"])?);
+        c.criu_wrapper(&criu_path)?
+    };
     let dir_fd = open_dir_inheritable(&dir)?;
-    let mut criu = rust_criu::Criu::new_with_criu_path(criu_path.display().to_string())
+    let mut criu = rust_criu::Criu::new_with_criu_path(criu_bin.display().to_string())
         .map_err(|e| criu_failed("criu restore", e, None))?;
     criu.set_images_dir_fd(dir_fd.as_raw_fd());
     // Keep the log file open until CRIU is done with its fd number.
@@ -297,12 +355,13 @@ pub fn restore_process_reporting(
     criu.set_log_file("restore.log".into());
     criu.set_log_level(4);
     criu.set_rst_sibling(true);
-    criu.set_tcp_established(info.tcp_established);
+    criu.set_tcp_established(tcp.keeps());
     criu.set_shell_job(info.shell_job);
     criu.set_file_locks(true);
     criu.set_ext_unix_sk(true);
     criu.restore()
         .map_err(|e| criu_failed("criu restore", e, Some(image.criu_log("restore"))))?;
+    drop(conf);
     let gpu = match resume_gpu(info.root_pid, gpu) {
         Ok(g) => g,
         Err(e) => {

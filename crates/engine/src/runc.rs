@@ -33,6 +33,8 @@ pub struct CheckpointOpts<'a> {
     pub work_path: &'a Path,
     pub leave_running: bool,
     pub tcp_established: bool,
+    /// A CRIU configuration file for the options runc has no flag for (`sockets::CriuConf`).
+    pub criu_conf: Option<&'a Path>,
 }
 
 /// Options of a `runc restore`.
@@ -43,6 +45,8 @@ pub struct RestoreOpts<'a> {
     pub bundle: &'a Path,
     pub pid_file: &'a Path,
     pub tcp_established: bool,
+    /// A CRIU configuration file for the options runc has no flag for (`sockets::CriuConf`).
+    pub criu_conf: Option<&'a Path>,
 }
 
 /// runc with a given binary and state root.
@@ -164,8 +168,11 @@ impl Runc {
         id: &str,
         o: &CheckpointOpts<'_>,
     ) -> Result<std::process::Child, EngineError> {
-        self.cmd()
-            .args(Self::checkpoint_args(id, o))
+        let mut c = self.cmd();
+        if let Some(conf) = o.criu_conf {
+            c.env(crate::sockets::CRIU_CONFIG_ENV, conf);
+        }
+        c.args(Self::checkpoint_args(id, o))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -204,6 +211,9 @@ impl Runc {
     ) -> Result<(), EngineError> {
         let mut c = self.cmd();
         c.args(Self::restore_args(id, o));
+        if let Some(conf) = o.criu_conf {
+            c.env(crate::sockets::CRIU_CONFIG_ENV, conf);
+        }
         let out = match stdio {
             Some(f) => {
                 let err = f.try_clone().map_err(EngineError::io(o.bundle))?;
@@ -246,6 +256,7 @@ mod tests {
                 work_path: w,
                 leave_running: true,
                 tcp_established: true,
+                criu_conf: None,
             },
         );
         assert_eq!(
@@ -260,6 +271,7 @@ mod tests {
                 bundle: Path::new("/b"),
                 pid_file: Path::new("/b/pid"),
                 tcp_established: false,
+                criu_conf: None,
             },
         );
         assert_eq!(

@@ -11,6 +11,7 @@ use stasis_core::CheckpointRef;
 use stasis_engine::image::ImageDir;
 use stasis_engine::restore::{self, ContainerRestore};
 use stasis_engine::runc::Runc;
+use stasis_engine::sockets;
 use stasis_engine::{node, EngineError};
 
 use super::{open_store, peak_rss_bytes, runtime, ScratchDir};
@@ -29,6 +30,8 @@ struct Report {
     bytes: u64,
     /// Peak resident memory of this stasis process.
     peak_rss_bytes: u64,
+    /// What became of the checkpoint's established TCP connections (kept or closed, and why).
+    tcp: sockets::Decision,
     /// stasis's GPU steps (driver load, restore, unlock), when the checkpoint had CUDA processes.
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu: Option<stasis_engine::cuda::GpuRestoreReport>,
@@ -93,14 +96,20 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             processes: manifest.gpu_processes,
             recorded,
         });
-    let (restored_as, restored) = if args.process {
-        let r = restore::restore_process_reporting(&image, args.log.as_deref(), gpu)?;
-        (format!("pid {}", r.pid), r)
+    let (restored_as, restored, tcp_decision) = if args.process {
+        let (r, decision) = restore::restore_process_tcp(&image, args.log.as_deref(), gpu, !tcp)?;
+        (format!("pid {}", r.pid), r, decision)
     } else {
         let (Some(bundle), Some(new_id)) = (&args.bundle, &args.container_id) else {
             bail!("--bundle and --container-id are required to restore a container");
         };
         let runc = Runc::new(Some(&args.runc_root))?;
+        // Kept where they can be, closed elsewhere (DESIGN §9.8).
+        let decision = sockets::decide_for(
+            sockets::read_record(&image.criu()).as_ref(),
+            &restore::tcp_target(bundle)?,
+            !tcp,
+        );
         let log = args
             .log
             .clone()
@@ -111,11 +120,11 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             bundle,
             image: &image,
             rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
-            tcp_established: tcp,
+            tcp_established: decision.keeps(),
             stdio_log: Some(&log),
             gpu,
         })?;
-        (format!("container {new_id}"), r)
+        (format!("container {new_id}"), r, decision)
     };
     spinner.finish_and_clear();
     let restore_ms = t.elapsed().as_millis() as u64;
@@ -129,17 +138,19 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         total_ms: started.elapsed().as_millis() as u64,
         bytes: manifest.logical_bytes(),
         peak_rss_bytes: peak_rss_bytes(),
+        tcp: tcp_decision,
         gpu: restored.gpu,
     };
     output::emit(&report, || {
         format!(
-            "restored {} as {} (pid {}): fetched {} in {} ms, restored in {} ms",
+            "restored {} as {} (pid {}): fetched {} in {} ms, restored in {} ms; {}",
             report.reference,
             report.restored_as,
             report.pid,
             bytes(report.bytes),
             report.fetch_ms,
-            report.restore_ms
+            report.restore_ms,
+            report.tcp.describe()
         )
     });
     Ok(ExitCode::SUCCESS)

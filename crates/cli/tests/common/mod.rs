@@ -164,6 +164,17 @@ impl World {
         extra: &[&str],
     ) -> (Run, Container) {
         let bundle = self.bundle(&format!("bundle-{id}"), env);
+        self.restore_into(reference, id, bundle, extra)
+    }
+
+    /// Restores `reference` into a new container `id` from the fresh bundle `bundle`.
+    pub fn restore_into(
+        &mut self,
+        reference: &str,
+        id: &str,
+        bundle: PathBuf,
+        extra: &[&str],
+    ) -> (Run, Container) {
         let log = self.path(&format!("{id}.log"));
         let mut args = vec![
             "restore",
