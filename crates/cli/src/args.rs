@@ -34,6 +34,16 @@ pub struct Global {
     /// No progress bars.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Seconds an s3:// store request may take, retries included, before the command fails
+    /// (an endpoint that never answers).
+    #[arg(
+        long,
+        global = true,
+        env = "STASIS_STORE_TIMEOUT",
+        default_value_t = 30.0,
+        value_name = "SECS"
+    )]
+    pub store_timeout: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -127,7 +127,9 @@ fn with_fake_criu(w: &World, version: Option<&str>) -> Command {
 fn missing_or_old_criu_is_named_with_the_fix() {
     // No privileges or real tools needed: the fake CRIU is a script.
     let w = World::new();
-    let pid = std::process::id().to_string();
+    // A process of its own (this test process is the CLI's parent, which it refuses to dump).
+    let mut target = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = target.id().to_string();
     for (version, expect) in [(None, "not found"), (Some("4.1.1"), "4.1.1 is too old")] {
         let out = with_fake_criu(&w, version)
             .args(["checkpoint", "process", &pid, "--workload", "x"])
@@ -160,6 +162,8 @@ fn missing_or_old_criu_is_named_with_the_fix() {
         assert_eq!(criu["ok"], false);
         assert!(criu["fix"].as_str().unwrap().contains("scripts/setup"));
     }
+    let _ = target.kill();
+    let _ = target.wait();
 }
 
 #[test]

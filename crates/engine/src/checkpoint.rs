@@ -79,9 +79,28 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     }
     // CRIU must be usable before anything is frozen.
     tools::criu_checked()?;
-    let _lock =
-        WorkloadLock::acquire(&format!("container-{}-{}", req.runc.root.display(), req.id))?;
+    let _lock = WorkloadLock::acquire_as(
+        &format!("container-{}-{}", req.runc.root.display(), req.id),
+        &format!("another checkpoint of container {:?}", req.id),
+    )?;
     let processes = proctree::tree(state.pid);
+    // What CRIU cannot dump is refused before anything is frozen.
+    if let Some(f) = processes
+        .iter()
+        .find_map(|p| host_file_fds(p.pid).into_iter().next())
+    {
+        return Err(EngineError::CheckpointRefused {
+            id: req.id.into(),
+            reason: format!(
+                "process {} ({}) has fd {} open on {}, a file of the host outside the container's mounts, which CRIU cannot checkpoint ({}); start the container with its stdout and stderr going to a pipe or /dev/null (`runc run -d ... 2>&1 | cat >> file`, or a shim such as containerd's), not redirected to a host file",
+                f.pid,
+                f.command,
+                f.fd,
+                f.path.display(),
+                if f.fd <= 2 { "a redirected stdio" } else { "an open file" }
+            ),
+        });
+    }
     // Unknown creation time: everything counts as changed (safe, only slower).
     let started = stasis_core::time::parse_rfc3339_nanos(&state.created).unwrap_or(0);
     let image_digest = state.annotations.as_ref().and_then(|a| {
@@ -129,7 +148,8 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
         tcp_established: req.tcp_established,
         criu_conf: Some(&conf.path),
     };
-    let child = req.runc.spawn_checkpoint(req.id, &opts)?;
+    let runc_log = req.image.criu().join("runc.log");
+    let child = req.runc.spawn_checkpoint(req.id, &opts, &runc_log)?;
     guard.watch(&child);
     let out = child
         .wait_with_output()
@@ -137,8 +157,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     let dump_ms = ms(t);
     if !out.status.success() {
         let log = req.image.criu_log("dump");
-        let detail = tools::criu_log_errors(&log)
-            .unwrap_or_else(|| format!("{}: {}", out.status, tools::tail(&out.stderr, 6)));
+        let detail = tools::failure_detail(&log, &runc_log, out.status, &out.stderr);
         return Err(EngineError::ToolFailed {
             what: format!("runc checkpoint {}", req.id),
             detail,
@@ -348,8 +367,17 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
     if !proctree::alive(req.pid) {
         return Err(EngineError::ProcessNotFound { pid: req.pid });
     }
+    if let Some(reason) = refuse_process(req.pid) {
+        return Err(EngineError::ProcessRefused {
+            pid: req.pid,
+            reason,
+        });
+    }
     let (criu_path, _) = tools::criu_checked()?;
-    let _lock = WorkloadLock::acquire(&format!("process-{}", req.pid))?;
+    let _lock = WorkloadLock::acquire_as(
+        &format!("process-{}", req.pid),
+        &format!("another checkpoint of process {}", req.pid),
+    )?;
     let processes = proctree::tree(req.pid);
     let dir = req.image.criu();
     mkdir(&dir)?;
@@ -489,6 +517,99 @@ fn stdio_keys(pid: i32) -> Vec<String> {
     keys
 }
 
+/// Why a process tree must not be checkpointed, if it must not: pid 1 (CRIU would seize every
+/// process of the machine, in tree order, before failing) and this process or its ancestors
+/// (the tree would hold stasis and CRIU themselves).
+fn refuse_process(pid: i32) -> Option<String> {
+    if pid == 1 {
+        return Some("it is pid 1, the init of this pid namespace: CRIU would stop every process of the machine".into());
+    }
+    let me = std::process::id() as i32;
+    if pid == me {
+        return Some("it is this stasis process".into());
+    }
+    let mut p = me;
+    for _ in 0..4096 {
+        let ppid = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| proctree::parse_stat(&s))
+            .map(|(pp, _)| pp)?;
+        if ppid == pid {
+            return Some(format!(
+                "it is an ancestor of this stasis process (pid {me}): its tree would hold stasis and CRIU themselves"
+            ));
+        }
+        if ppid <= 1 {
+            return None;
+        }
+        p = ppid;
+    }
+    None
+}
+
+/// A regular file a process holds open on a mount its own mount namespace does not have (a
+/// host file handed to a container as its stdout, say): CRIU fails on it with
+/// `Can't lookup mount=N for fd=M`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFileFd {
+    pub pid: i32,
+    pub command: String,
+    pub fd: i32,
+    pub path: std::path::PathBuf,
+}
+
+/// The regular files `pid` holds open on mounts outside its mount namespace.
+pub fn host_file_fds(pid: i32) -> Vec<HostFileFd> {
+    let Ok(mountinfo) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+        return Vec::new();
+    };
+    let mounts: std::collections::HashSet<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let command = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        // Regular files only: pipes, sockets and devices are not looked up by mount.
+        if !std::fs::metadata(e.path()).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let Ok(path) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        // memfd files live on an internal mount that CRIU handles on its own.
+        if path.to_string_lossy().starts_with("/memfd:") {
+            continue;
+        }
+        let mnt_id = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("mnt_id:").map(|v| v.trim().to_owned()))
+            });
+        if let Some(m) = mnt_id {
+            if !mounts.contains(m.as_str()) {
+                out.push(HostFileFd {
+                    pid,
+                    command: command.clone(),
+                    fd,
+                    path,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|f| f.fd);
+    out
+}
+
 fn session_id(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let close = stat.rfind(')')?;
@@ -501,7 +622,7 @@ fn session_id(pid: i32) -> Option<i32> {
 /// back to the state it found (frozen) after the first had resumed: the container would stay
 /// frozen. The second checkpoint is refused instead; the lock is an `flock`, so it dies with its
 /// holder.
-struct WorkloadLock {
+pub(crate) struct WorkloadLock {
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
@@ -509,7 +630,9 @@ struct WorkloadLock {
 pub const LOCK_DIR: &str = "/run/stasis/locks";
 
 impl WorkloadLock {
-    fn acquire(what: &str) -> Result<Self, EngineError> {
+    /// Takes the lock `what` (a file name under [`LOCK_DIR`]); `shown` names the operation
+    /// holding it in the error when it is taken (`another checkpoint of container "web"`).
+    pub(crate) fn acquire_as(what: &str, shown: &str) -> Result<Self, EngineError> {
         use nix::fcntl::{Flock, FlockArg};
         let dir = Path::new(LOCK_DIR);
         mkdir(dir)?;
@@ -533,7 +656,7 @@ impl WorkloadLock {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => Ok(Self { _lock: lock }),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(EngineError::Busy {
-                what: what.to_owned(),
+                what: shown.to_owned(),
             }),
             Err((_, e)) => Err(EngineError::Io {
                 path,

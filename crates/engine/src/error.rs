@@ -49,8 +49,14 @@ pub enum EngineError {
     #[error("restore refused, this node does not satisfy the checkpoint: {}", join(.0))]
     Incompatible(Vec<Mismatch>),
 
-    #[error("another checkpoint of {what} is in progress; try again when it has finished")]
+    #[error("{what} is in progress; try again when it has finished")]
     Busy { what: String },
+
+    #[error("process {pid} cannot be checkpointed: {reason}")]
+    ProcessRefused { pid: i32, reason: String },
+
+    #[error("container {id:?} cannot be checkpointed: {reason}")]
+    CheckpointRefused { id: String, reason: String },
 
     #[error("GPU: {0}")]
     Cuda(#[from] crate::cuda::CudaError),

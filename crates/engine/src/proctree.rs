@@ -27,6 +27,14 @@ pub fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// The parent of `pid` when `pid` is a zombie (it exited and its parent has not reaped it).
+pub fn zombie_parent(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = s.rfind(')')?;
+    let mut rest = s.get(close + 2..)?.split(' ');
+    (rest.next()? == "Z").then(|| rest.next()?.parse().ok())?
+}
+
 /// The process `root` and all its descendants, root first, then in pid order.
 pub fn tree(root: i32) -> Vec<ProcessInfo> {
     let mut all: HashMap<i32, (i32, String)> = HashMap::new();
@@ -84,6 +92,24 @@ mod tests {
         );
         assert_eq!(parse_stat("1 (init) S 0 1 1"), Some((0, "init".to_owned())));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_zombie_names_the_parent_that_did_not_reap_it() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while zombie_parent(pid).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{pid} never became a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(zombie_parent(pid), Some(std::process::id() as i32));
+        assert!(!alive(pid));
+        child.wait().unwrap();
+        assert_eq!(zombie_parent(std::process::id() as i32), None);
     }
 
     #[test]

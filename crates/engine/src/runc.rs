@@ -163,16 +163,21 @@ impl Runc {
 
     /// Spawns `runc checkpoint` and returns the child, so the caller can hand its pid to a
     /// watchdog before waiting.
+    /// runc's own messages go to `runc_log` (JSON lines), to be quoted when it fails.
     pub fn spawn_checkpoint(
         &self,
         id: &str,
         o: &CheckpointOpts<'_>,
+        runc_log: &Path,
     ) -> Result<std::process::Child, EngineError> {
         let mut c = self.cmd();
         if let Some(conf) = o.criu_conf {
             c.env(crate::sockets::CRIU_CONFIG_ENV, conf);
         }
-        c.args(Self::checkpoint_args(id, o))
+        c.arg("--log")
+            .arg(runc_log)
+            .args(["--log-format", "json"])
+            .args(Self::checkpoint_args(id, o))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -203,13 +208,17 @@ impl Runc {
 
     /// `runc restore --detach`, with the restored container's stdout and stderr going to
     /// `stdio` (runc hands its own stdio to the restored process in place of the pipes it had).
+    /// runc's own messages go to `runc.log` in the work path (JSON lines), so that its reason is
+    /// quoted when it fails; an id that is taken is [`EngineError::ContainerExists`].
     pub fn restore(
         &self,
         id: &str,
         o: &RestoreOpts<'_>,
         stdio: Option<&std::fs::File>,
     ) -> Result<(), EngineError> {
+        let runc_log = o.work_path.join("runc.log");
         let mut c = self.cmd();
+        c.arg("--log").arg(&runc_log).args(["--log-format", "json"]);
         c.args(Self::restore_args(id, o));
         if let Some(conf) = o.criu_conf {
             c.env(crate::sockets::CRIU_CONFIG_ENV, conf);
@@ -229,12 +238,20 @@ impl Runc {
         };
         if !out.0.success() {
             let log = o.work_path.join("restore.log");
-            let detail = tools::criu_log_errors(&log)
-                .unwrap_or_else(|| format!("{}: {}", out.0, tools::tail(&out.1, 6)));
+            if tools::runc_log_errors(&runc_log)
+                .is_some_and(|m| m.contains("container with given ID already exists"))
+            {
+                return Err(EngineError::ContainerExists {
+                    id: id.into(),
+                    root: self.root.clone(),
+                });
+            }
+            let detail = tools::failure_detail(&log, &runc_log, out.0, &out.1);
+            let log = log.exists().then_some(log);
             return Err(EngineError::ToolFailed {
                 what: format!("runc restore {id}"),
                 detail,
-                log: Some(log),
+                log,
             });
         }
         Ok(())

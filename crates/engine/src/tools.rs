@@ -137,3 +137,39 @@ pub fn criu_log_errors(log: &Path) -> Option<String> {
     }
     Some(errs[errs.len().saturating_sub(4)..].join(" | "))
 }
+
+/// runc's own error messages from its `--log-format json` log (the last three), if any.
+pub fn runc_log_errors(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let msgs: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| matches!(v["level"].as_str(), Some("error" | "fatal")))
+        .filter_map(|v| v["msg"].as_str().map(str::to_owned))
+        .collect();
+    if msgs.is_empty() {
+        return None;
+    }
+    Some(msgs[msgs.len().saturating_sub(3)..].join(" | "))
+}
+
+/// What a failed `runc checkpoint` or `runc restore` said: CRIU's error lines, then runc's own
+/// message (from its log, else its stderr), else the exit status.
+pub fn failure_detail(
+    criu_log: &Path,
+    runc_log: &Path,
+    status: std::process::ExitStatus,
+    stderr: &[u8],
+) -> String {
+    let criu = criu_log_errors(criu_log);
+    let runc = runc_log_errors(runc_log).or_else(|| {
+        let t = tail(stderr, 4);
+        (!t.is_empty()).then_some(t)
+    });
+    match (criu, runc) {
+        (Some(c), Some(r)) => format!("{c} (runc: {r})"),
+        (Some(c), None) => c,
+        (None, Some(r)) => format!("runc: {r} ({status})"),
+        (None, None) => format!("{status}, with no message from runc or CRIU"),
+    }
+}

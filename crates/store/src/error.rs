@@ -71,6 +71,31 @@ pub enum StoreError {
         source: object_store::Error,
     },
 
+    /// An `s3://` store used without credentials in the environment.
+    #[error("store backend failed at {path}: no AWS credentials are set (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a web identity), so the instance metadata service was asked, and: {source}")]
+    NoCredentials {
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// The backend did not answer in time (an endpoint that accepts connections and is silent).
+    #[error("store backend at {path} did not answer within {secs} s (the request timed out; --store-timeout or STASIS_STORE_TIMEOUT sets the limit): {source}")]
+    Unanswered {
+        path: String,
+        secs: f64,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A local store's directory does not exist (a reader never creates one).
+    #[error("no store at {}: the directory does not exist (a typo? the first checkpoint creates it)", path.display())]
+    NoSuchStore { path: PathBuf },
+
+    /// The operation was cancelled (the process is stopping).
+    #[error("cancelled")]
+    Cancelled,
+
     /// Any other backend failure.
     #[error("store backend failed at {path}: {source}")]
     Backend {
@@ -139,6 +164,40 @@ impl StoreError {
                 | StoreError::ChunkCorrupt { .. }
                 | StoreError::ObjectTooLarge { .. }
         )
+    }
+
+    /// True when the store refused a write because it cannot be written by this process: a
+    /// read-only filesystem, no permission, credentials that may only read.
+    pub fn is_read_only(&self) -> bool {
+        let source: &(dyn std::error::Error + 'static) = match self {
+            StoreError::Backend { source, .. } | StoreError::NoSpace { source, .. } => {
+                if matches!(
+                    source,
+                    object_store::Error::PermissionDenied { .. }
+                        | object_store::Error::Unauthenticated { .. }
+                ) {
+                    return true;
+                }
+                source
+            }
+            StoreError::Io { source, .. } => source,
+            _ => return false,
+        };
+        let mut cur = Some(source);
+        while let Some(err) = cur {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                if matches!(
+                    io.raw_os_error(),
+                    Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM)
+                ) || io.kind() == std::io::ErrorKind::PermissionDenied
+                {
+                    return true;
+                }
+            }
+            cur = err.source();
+        }
+        // S3 answers a write with 403 when the credentials may only read.
+        self.to_string().contains("403 Forbidden") || self.to_string().contains("AccessDenied")
     }
 
     /// True when the error means the store (or the local disk) is full.

@@ -45,6 +45,13 @@ pub struct StoreOptions {
     /// For `file://` stores: write and read chunk objects with `O_DIRECT` (see the `local`
     /// module docs; falls back to buffered I/O where unsupported).
     pub direct_io: bool,
+    /// For `file://` stores: create the directory when it does not exist. Off for readers, so
+    /// that a mistyped path is "no such store", not an empty store made on the spot.
+    pub create: bool,
+    /// For `s3://` stores: the most one request may take, retries included (a connection takes
+    /// at most 5 s of it). An endpoint that accepts connections and never answers fails after
+    /// this long.
+    pub request_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -59,6 +66,8 @@ impl Default for StoreOptions {
             gc_lock_ttl: Duration::from_secs(1800),
             gc_wait: Duration::from_secs(30),
             direct_io: true,
+            create: true,
+            request_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -114,6 +123,8 @@ pub struct Store {
     direct: Option<Arc<DirectIo>>,
     /// The directory of a local store.
     local_root: Option<PathBuf>,
+    /// An `s3://` store opened without credentials in the environment: backend errors say so.
+    no_credentials: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -247,9 +258,11 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 impl Store {
-    /// Opens a store: `file:///abs/path` or a plain path (created if missing), or
-    /// `s3://bucket/prefix` (endpoint, credentials and region from `AWS_ENDPOINT_URL`,
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`; plain http allowed).
+    /// Opens a store: `file:///abs/path` or a plain path (created if missing, unless
+    /// [`StoreOptions::create`] is off), or `s3://bucket/prefix` (endpoint, credentials and
+    /// region from `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_REGION`; plain http allowed). A local store at `/` (`file://` with an empty path, as
+    /// `file://$UNSET` gives) is refused.
     pub fn open(url: &str) -> Result<Self> {
         Self::open_with(url, StoreOptions::default())
     }
@@ -261,6 +274,7 @@ impl Store {
             reason,
         };
         let local_root: Option<PathBuf>;
+        let mut no_credentials = false;
         let os: Arc<dyn ObjectStore> = if !url.contains("://") {
             if url.is_empty() {
                 return Err(invalid("empty".into()));
@@ -273,17 +287,24 @@ impl Store {
                     .map_err(|e| StoreError::io(".", e))?
                     .join(p)
             };
+            check_local_root(&p).map_err(invalid)?;
             local_root = Some(p.clone());
-            local_store(&p)?
+            local_store(&p, opts.create)?
         } else {
             let u = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
             match u.scheme() {
                 "file" => {
+                    if u.path().trim_matches('/').is_empty() {
+                        return Err(invalid(
+                            "a file:// url needs a path (file:///var/lib/x); an empty one would make the host's root the store (an unset variable?)".into(),
+                        ));
+                    }
                     let p = u.to_file_path().map_err(|_| {
                         invalid("a file:// url needs an absolute path (file:///var/lib/x)".into())
                     })?;
+                    check_local_root(&p).map_err(invalid)?;
                     local_root = Some(p.clone());
-                    local_store(&p)?
+                    local_store(&p, opts.create)?
                 }
                 #[cfg(not(feature = "s3"))]
                 "s3" => return Err(invalid("this build has no s3:// support (feature s3)".into())),
@@ -294,8 +315,20 @@ impl Store {
                         .filter(|b| !b.is_empty())
                         .ok_or_else(|| invalid("no bucket (s3://bucket/prefix)".into()))?;
                     local_root = None;
+                    no_credentials = !has_aws_credentials();
+                    let t = opts.request_timeout.max(Duration::from_millis(100));
+                    let client = object_store::ClientOptions::new()
+                        .with_timeout(t)
+                        .with_connect_timeout(t.min(Duration::from_secs(5)));
+                    let retry = object_store::RetryConfig {
+                        max_retries: 3,
+                        retry_timeout: t,
+                        ..Default::default()
+                    };
                     let s3 = object_store::aws::AmazonS3Builder::from_env()
                         .with_bucket_name(bucket)
+                        .with_client_options(client)
+                        .with_retry(retry)
                         .with_allow_http(true)
                         .build()
                         .map_err(|e| invalid(e.to_string()))?;
@@ -319,6 +352,7 @@ impl Store {
             store.direct = local_root.clone().map(|r| Arc::new(DirectIo::new(r)));
         }
         store.local_root = local_root;
+        store.no_credentials = no_credentials;
         Ok(store)
     }
 
@@ -336,6 +370,7 @@ impl Store {
             cpu,
             direct: None,
             local_root: None,
+            no_credentials: false,
         }
     }
 
@@ -349,7 +384,34 @@ impl Store {
     }
 
     fn be(&self, path: &ObjPath, e: object_store::Error) -> StoreError {
-        StoreError::backend(format!("{}/{path}", self.url.trim_end_matches('/')), e)
+        let path = format!("{}/{path}", self.url.trim_end_matches('/'));
+        if self.no_credentials {
+            return StoreError::NoCredentials { path, source: e };
+        }
+        if self.local_root.is_none() && timed_out(&e) {
+            return StoreError::Unanswered {
+                path,
+                secs: self.opts.request_timeout.as_secs_f64(),
+                source: e,
+            };
+        }
+        StoreError::backend(path, e)
+    }
+
+    /// Checks that the store can be written (an object put and deleted under `locks/`), so a
+    /// checkpoint finds a read-only store, missing credentials or a full disk before it freezes
+    /// anything.
+    pub async fn check_writable(&self) -> Result<()> {
+        let p = ObjPath::from(format!(
+            "locks/write-check-{:08x}.json",
+            rand::random::<u32>()
+        ));
+        let doc = LeaseDoc::new("write check", Duration::from_secs(60));
+        self.os
+            .put(&p, PutPayload::from_bytes(doc.to_bytes()))
+            .await
+            .map_err(|e| self.be(&p, e))?;
+        self.os.delete(&p).await.map_err(|e| self.be(&p, e))
     }
 
     // ---------------------------------------------------------------- listing and resolving
@@ -617,9 +679,23 @@ impl Store {
     pub async fn put_checkpoint(
         &self,
         key: &Key,
+        draft: Manifest,
+        image_dir: &Path,
+        progress: &dyn Progress,
+    ) -> Result<Manifest> {
+        self.put_checkpoint_until(key, draft, image_dir, progress, std::future::pending())
+            .await
+    }
+
+    /// [`Store::put_checkpoint`], given up with [`StoreError::Cancelled`] (its lease removed, no
+    /// manifest published) when `cancel` completes first.
+    pub async fn put_checkpoint_until(
+        &self,
+        key: &Key,
         mut draft: Manifest,
         image_dir: &Path,
         progress: &dyn Progress,
+        cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Manifest> {
         draft.key_id = key.id().to_owned();
         let dir = image_dir.to_owned();
@@ -627,9 +703,10 @@ impl Store {
         let lease = lease_path(&draft.workload, &draft.id, "");
         let mut doc = LeaseDoc::new("put", self.opts.lease_ttl);
         self.put_lease(&lease, &doc).await?;
-        let r = self
-            .put_leased(key, draft, files, progress, &lease, &mut doc)
-            .await;
+        let r = tokio::select! {
+            r = self.put_leased(key, draft, files, progress, &lease, &mut doc) => r,
+            () = cancel => Err(StoreError::Cancelled),
+        };
         progress.finish();
         self.drop_lease(&lease).await;
         r
@@ -884,19 +961,54 @@ impl Store {
         dest_dir: &Path,
         progress: &dyn Progress,
     ) -> Result<Manifest> {
+        self.get_checkpoint_until(key, reference, dest_dir, progress, std::future::pending())
+            .await
+    }
+
+    /// [`Store::get_checkpoint`], given up with [`StoreError::Cancelled`] (its lease removed)
+    /// when `cancel` completes first.
+    pub async fn get_checkpoint_until(
+        &self,
+        key: &Key,
+        reference: &CheckpointRef,
+        dest_dir: &Path,
+        progress: &dyn Progress,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Result<Manifest> {
         let id = self.resolve(reference).await?;
         let lease = lease_path(
             &reference.workload,
             &id,
             &format!(".read-{:08x}", rand::random::<u32>()),
         );
-        self.put_lease(&lease, &LeaseDoc::new("get", self.opts.lease_ttl))
-            .await?;
-        let r = self
-            .get_leased(key, &reference.workload, &id, dest_dir, progress, &lease)
-            .await;
+        // A store this reader may not write (a read-only mount, read-only credentials) is
+        // still read, without the lease: only a concurrent gc could then remove its chunks.
+        let leased = match self
+            .put_lease(&lease, &LeaseDoc::new("get", self.opts.lease_ttl))
+            .await
+        {
+            Ok(()) => true,
+            Err(e) if e.is_read_only() => {
+                tracing::warn!(error = %e, "the store cannot be written here: reading without a read lease (a gc running elsewhere at the same time could remove this checkpoint's chunks)");
+                false
+            }
+            Err(e) => return Err(e),
+        };
+        let r = tokio::select! {
+            r = self.get_leased(
+                key,
+                &reference.workload,
+                &id,
+                dest_dir,
+                progress,
+                leased.then_some(&lease),
+            ) => r,
+            () = cancel => Err(StoreError::Cancelled),
+        };
         progress.finish();
-        self.drop_lease(&lease).await;
+        if leased {
+            self.drop_lease(&lease).await;
+        }
         r
     }
 
@@ -907,7 +1019,7 @@ impl Store {
         id: &CheckpointId,
         dest_dir: &Path,
         progress: &dyn Progress,
-        lease: &ObjPath,
+        lease: Option<&ObjPath>,
     ) -> Result<Manifest> {
         let mut doc = LeaseDoc::new("get", self.opts.lease_ttl);
         let m = self.read_manifest_id(key, w, id).await?;
@@ -1000,7 +1112,8 @@ impl Store {
             let mut renewed = Instant::now();
             while let Some(r) = fetches.next().await {
                 r?;
-                if renewed.elapsed() >= self.opts.lease_ttl / 3 {
+                if let Some(lease) = lease.filter(|_| renewed.elapsed() >= self.opts.lease_ttl / 3)
+                {
                     doc.renewed_unix_ms = now_ms();
                     self.put_lease(lease, &doc).await?;
                     renewed = Instant::now();
@@ -1126,9 +1239,21 @@ impl Store {
                 }
                 Err(e) => return Err(e),
             };
-            if envelope::peek_key_id(&bytes).as_deref() != Some(key.id()) {
+            match envelope::peek_key_id(&bytes) {
+                Some(id) if id == key.id() => {}
                 // Another key's checkpoint: its chunks live under another key id, untouched here.
-                continue;
+                Some(_) => continue,
+                // Not even an envelope (truncated, damaged): whose chunks it names is unknown,
+                // and they may be this key's. Sweeping now could turn a repairable manifest
+                // into a lost checkpoint.
+                None => {
+                    report.sweep_skipped = Some(format!(
+                        "kept checkpoint {} cannot be read (manifest {} is not a manifest envelope: truncated or damaged); not sweeping chunks until it is repaired or deleted",
+                        s.reference(),
+                        self.shown(&p)
+                    ));
+                    return Ok(report);
+                }
             }
             match envelope::open(key, p.as_ref(), &s.workload, &s.id, &bytes) {
                 Ok(m) => referenced.extend(m.chunk_ids().map(str::to_owned)),
@@ -1213,8 +1338,53 @@ fn remove_staging(dir: &Path, grace: Duration) -> u64 {
     n
 }
 
-fn local_store(p: &Path) -> Result<Arc<dyn ObjectStore>> {
-    std::fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
+/// Whether a backend error is a request that timed out (somewhere in its chain of causes).
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            || err.to_string().contains("timed out")
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// A local store's directory must not be the host's root (or an empty path resolving to it).
+fn check_local_root(p: &Path) -> std::result::Result<(), String> {
+    if p.parent().is_none() {
+        return Err(format!(
+            "{} is the host's root directory; a store needs a directory of its own",
+            p.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the environment names AWS credentials (keys, a web identity, a container endpoint
+/// or a profile); without them the S3 client falls back to the instance metadata service.
+#[cfg(feature = "s3")]
+fn has_aws_credentials() -> bool {
+    [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ]
+    .iter()
+    .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
+}
+
+fn local_store(p: &Path, create: bool) -> Result<Arc<dyn ObjectStore>> {
+    if create {
+        std::fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
+    } else if !p.is_dir() {
+        return Err(StoreError::NoSuchStore { path: p.to_owned() });
+    }
     let fs = object_store::local::LocalFileSystem::new_with_prefix(p)
         .map_err(|e| StoreError::backend(p.display().to_string(), e))?
         .with_automatic_cleanup(true);

@@ -647,6 +647,14 @@ async fn a_second_gc_is_refused_while_one_holds_the_lock() {
     assert!(matches!(err, StoreError::GcBusy { .. }), "{err}");
 }
 
+/// Unmounts its path when dropped.
+struct Unmount(PathBuf);
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// ENOSPC on a real, tiny tmpfs: the put fails with NoSpace, publishes nothing, and the
 /// previous checkpoint stays readable. Needs root (mount); skipped with a reason otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -665,12 +673,6 @@ async fn disk_full_keeps_the_previous_checkpoint() {
             "SKIPPED disk_full_keeps_the_previous_checkpoint: cannot mount a tmpfs (needs root)"
         );
         return;
-    }
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
     }
     let _guard = Unmount(mnt.clone());
 
@@ -978,4 +980,115 @@ async fn a_deleted_manifest_is_named_as_missing() {
     let err = e.store.read_manifest(&e.key, &latest).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
     assert!(!err.is_integrity_failure());
+}
+
+/// B3: a kept manifest that is not even an envelope (truncated) blocks the chunk sweep, and the
+/// report names it; its chunks stay, so a repaired manifest still restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_does_not_sweep_while_a_manifest_cannot_be_read() {
+    let e = env();
+    let files = [("pages.img", pseudo_random(300_000, 7), 0o600)];
+    let img = image(e._tmp.path(), "img", &files);
+    let m = e
+        .store
+        .put_checkpoint(&e.key, draft("w"), &img, &NoProgress)
+        .await
+        .unwrap();
+    let path = e.root.join("manifests/w").join(format!("{}.json", m.id));
+    let whole = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
+    let chunks_dir = e.root.join("chunks").join(e.key.id());
+    let before = count_files(&chunks_dir);
+    assert!(before > 0);
+
+    let r = e.store.gc(&e.key, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(r.chunks_deleted, 0, "{r:?}");
+    assert_eq!(
+        count_files(&chunks_dir),
+        before,
+        "chunks of a damaged manifest were swept"
+    );
+    let why = r.sweep_skipped.expect("the sweep was not skipped");
+    assert!(why.contains(&format!("w/{}", m.id)), "{why}");
+
+    // Repaired (from a backup), it restores.
+    std::fs::write(&path, &whole).unwrap();
+    let out = e._tmp.path().join("out");
+    e.store
+        .get_checkpoint(&e.key, &"w/latest".parse().unwrap(), &out, &NoProgress)
+        .await
+        .unwrap();
+    assert_same_tree(&img, &out, &files);
+}
+
+/// B8, B13: `file://` with an empty path (an unset variable) and `/` are refused; a reader's
+/// open of a missing local store is "no such store" and creates nothing.
+#[test]
+fn a_store_is_never_the_host_root_and_a_reader_creates_none() {
+    for url in ["file://", "file:///", "file:////", "/"] {
+        let r = Store::open(url);
+        assert!(
+            matches!(r, Err(StoreError::InvalidUrl { .. })),
+            "{url} was accepted"
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("typo");
+    let opts = stasis_store::StoreOptions {
+        create: false,
+        ..Default::default()
+    };
+    let r = Store::open_with(&format!("file://{}", missing.display()), opts.clone());
+    assert!(matches!(r, Err(StoreError::NoSuchStore { .. })), "{r:?}");
+    let r = Store::open_with(missing.to_str().unwrap(), opts);
+    assert!(matches!(r, Err(StoreError::NoSuchStore { .. })), "{r:?}");
+    assert!(!missing.exists(), "a reader created the store directory");
+}
+
+/// B14, B17: on a read-only mount, `check_writable` fails naming the store, and a checkpoint
+/// is still read (without a read lease). Needs root (bind mounts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_store_is_found_before_a_write_and_can_still_be_read() {
+    let e = env();
+    let files = [("pages.img", pseudo_random(200_000, 9), 0o600)];
+    let img = image(e._tmp.path(), "img", &files);
+    e.store
+        .put_checkpoint(&e.key, draft("w"), &img, &NoProgress)
+        .await
+        .unwrap();
+    let ro = e._tmp.path().join("ro");
+    std::fs::create_dir_all(&ro).unwrap();
+    let bind = |args: &[&str]| {
+        std::process::Command::new("mount")
+            .args(args)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let (root_s, ro_s) = (e.root.to_str().unwrap(), ro.to_str().unwrap());
+    if !bind(&["--bind", root_s, ro_s]) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "cannot bind-mount in CI (needs root)"
+        );
+        eprintln!("SKIPPED a_read_only_store_is_found_before_a_write_and_can_still_be_read: cannot bind-mount (needs root)");
+        return;
+    }
+    let _u = Unmount(ro.clone());
+    assert!(
+        bind(&["-o", "remount,ro,bind", ro_s]),
+        "cannot remount read-only"
+    );
+
+    let store = Store::open(ro_s).unwrap();
+    let err = store.check_writable().await.unwrap_err();
+    assert!(err.is_read_only(), "{err}");
+    assert!(err.to_string().contains(ro_s), "{err}");
+    let out = e._tmp.path().join("out");
+    store
+        .get_checkpoint(&e.key, &"w/latest".parse().unwrap(), &out, &NoProgress)
+        .await
+        .unwrap();
+    assert_same_tree(&img, &out, &files);
+    assert!(e.store.check_writable().await.is_ok());
 }

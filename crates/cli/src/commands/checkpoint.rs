@@ -14,10 +14,14 @@ use stasis_engine::image::ImageDir;
 use stasis_engine::node;
 use stasis_engine::runc::Runc;
 
-use super::{now_millis, open_store, peak_rss_bytes, runtime, ScratchDir};
+use stasis_store::StoreError;
+
+use super::{keep_failure_logs, now_millis, open_store, peak_rss_bytes, runtime, Access};
 use crate::args::{CheckpointCmd, CheckpointCommon};
 use crate::output::{self, bytes};
 use crate::progress::Bars;
+use crate::scratch::ScratchDir;
+use crate::signals;
 
 #[derive(Debug, Serialize)]
 struct Report {
@@ -48,9 +52,19 @@ pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
         Some(w) => WorkloadName::new(w.clone())?,
         None => default_workload,
     };
-    // Key and store first: a bad key or an unreachable store must fail before the workload is
-    // touched.
-    let (key, store) = open_store(&common.store)?;
+    // A signal from here on stops in order: nothing frozen, nothing published, no images left.
+    let _orderly = signals::Orderly::enter();
+    // Key and store first: a bad key, an unreachable store or one that cannot be written must
+    // fail before the workload is touched.
+    let (key, store) = open_store(&common.store, Access::Write)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        tokio::select! {
+            r = store.check_writable() => r.map_err(anyhow::Error::from),
+            () = signals::cancelled() => Err(signals::interrupted().into()),
+        }
+    })
+    .context("the store cannot be written; nothing was frozen")?;
     let scratch = ScratchDir::new(&common.work_dir, "checkpoint")?;
     let image = ImageDir::new(&scratch.path);
     let leave_running = !common.stop;
@@ -66,25 +80,37 @@ pub fn run(cmd: CheckpointCmd, bars: &Bars) -> anyhow::Result<ExitCode> {
                 image: &image,
                 leave_running,
                 tcp_established: tcp,
-            })?
+            })
         }
         CheckpointCmd::Process { pid, .. } => checkpoint::checkpoint_process(&ProcessCheckpoint {
             pid: *pid,
             image: &image,
             leave_running,
             tcp_established: tcp,
-        })?,
-    };
+        }),
+    }
+    .map_err(|e| keep_failure_logs(e, &scratch))?;
     spinner.finish_and_clear();
+    signals::check()?;
 
     let gpu_report = captured.gpu_report;
     let mut draft = draft_manifest(workload, common, captured);
     // The engine's part; the store adds its own before it publishes the manifest.
     draft.timings.total_ms = started.elapsed().as_millis() as u64;
-    let rt = runtime()?;
-    let manifest = rt
-        .block_on(store.put_checkpoint(&key, draft, &scratch.path, bars))
-        .context("storing the checkpoint failed; the previous checkpoint is unchanged")?;
+    let manifest = match rt.block_on(store.put_checkpoint_until(
+        &key,
+        draft,
+        &scratch.path,
+        bars,
+        signals::cancelled(),
+    )) {
+        Ok(m) => m,
+        Err(StoreError::Cancelled) => return Err(signals::interrupted().into()),
+        Err(e) => {
+            return Err(anyhow::Error::from(e)
+                .context("storing the checkpoint failed; the previous checkpoint is unchanged"))
+        }
+    };
 
     let report = Report {
         reference: manifest.reference().to_string(),

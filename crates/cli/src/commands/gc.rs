@@ -3,12 +3,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::{open_store, runtime};
+use super::{open_store, runtime, Access};
 use crate::args::GcArgs;
 use crate::output;
 
 pub fn run(args: GcArgs) -> anyhow::Result<ExitCode> {
-    let (key, store) = open_store(&args.store)?;
+    let (key, store) = open_store(&args.store, Access::Read)?;
     let report = runtime()?.block_on(store.gc(
         &key,
         args.keep_last,

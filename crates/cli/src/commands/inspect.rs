@@ -6,13 +6,13 @@ use std::process::ExitCode;
 
 use stasis_core::CheckpointRef;
 
-use super::{open_store, runtime};
+use super::{open_store, runtime, Access};
 use crate::args::InspectArgs;
 use crate::output::{self, bytes};
 
 pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let reference: CheckpointRef = args.reference.parse()?;
-    let (key, store) = open_store(&args.store)?;
+    let (key, store) = open_store(&args.store, Access::Read)?;
     let m = runtime()?.block_on(store.read_manifest(&key, &reference))?;
     output::emit(&m, || {
         let mut s = String::new();

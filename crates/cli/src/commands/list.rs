@@ -6,7 +6,7 @@ use serde::Serialize;
 use stasis_core::WorkloadName;
 use stasis_store::{Key, Store};
 
-use super::runtime;
+use super::{runtime, store_options, Access};
 use crate::args::ListArgs;
 use crate::output::{self, bytes};
 
@@ -20,14 +20,18 @@ struct Entry {
     logical_bytes: Option<u64>,
     /// `container <id>` or `process <pid>`, when the manifest could be read with the key.
     source: Option<String>,
+    /// Why the manifest could not be read with the key (damaged, another key), if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
 pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
-    let store = Store::open(&args.store)?;
+    let store = Store::open_with(&args.store, store_options(Access::Read))?;
     let workload = args.workload.map(WorkloadName::new).transpose()?;
-    // Sizes need the manifests, which need the key; without it the names are still listed.
+    // Sizes need the manifests, which need the key; without it the names are still listed. A
+    // key given explicitly must load.
     let key = match &args.key {
-        Some(p) => Key::load(p).ok(),
+        Some(p) => Some(Key::load(p)?),
         None => Key::default_path()
             .ok()
             .filter(|p| p.exists())
@@ -38,9 +42,12 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
     let mut entries = Vec::with_capacity(list.len());
     for c in list {
         let reference = c.reference();
-        let manifest = match &key {
-            Some(k) => rt.block_on(store.read_manifest(k, &reference)).ok(),
-            None => None,
+        let (manifest, problem) = match &key {
+            Some(k) => match rt.block_on(store.read_manifest(k, &reference)) {
+                Ok(m) => (Some(m), None),
+                Err(e) => (None, Some(e.to_string())),
+            },
+            None => (None, None),
         };
         entries.push(Entry {
             reference: reference.to_string(),
@@ -54,6 +61,7 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
                 }
                 stasis_core::Source::Process { pid } => format!("process {pid}"),
             }),
+            problem,
         });
     }
     output::emit(&entries, || {
@@ -70,8 +78,17 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
                 e.reference,
                 e.logical_bytes.map_or("-".into(), bytes),
                 e.created_at,
-                e.source.as_deref().unwrap_or("-")
+                e.source.as_deref().unwrap_or(if e.problem.is_some() {
+                    "UNREADABLE"
+                } else {
+                    "-"
+                })
             ));
+        }
+        for e in &entries {
+            if let Some(p) = &e.problem {
+                s.push_str(&format!("warning: {}: {p}\n", e.reference));
+            }
         }
         s.trim_end().to_owned()
     });

@@ -8,17 +8,22 @@ mod key;
 mod list;
 mod restore;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use anyhow::Context;
-use stasis_store::{Key, Store};
+use stasis_engine::EngineError;
+use stasis_store::{Key, Store, StoreOptions};
 
 use crate::args::{Cli, Command, StoreArgs};
 use crate::output;
+use crate::scratch::ScratchDir;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     output::set_mode(cli.global.output);
+    let _ = STORE_TIMEOUT.set(Duration::from_secs_f64(cli.global.store_timeout.max(0.1)));
     let progress = crate::progress::Bars::new(!cli.global.quiet && !output::json_mode());
     match cli.command {
         Command::Checkpoint(c) => checkpoint::run(c, &progress),
@@ -40,76 +45,84 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// The key (`--key`, else the default key, created on first use) and the store.
-pub(crate) fn open_store(args: &StoreArgs) -> anyhow::Result<(Key, Store)> {
-    let key = match &args.key {
-        Some(path) => Key::load(path)?,
-        None => Key::load_or_create_default()?,
-    };
-    let store = Store::open(&args.store)?;
+/// What a command does to the store and the key: a writer creates a missing local store and the
+/// default key on first use; a reader creates nothing (a missing store or key is an error that
+/// says so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    Write,
+}
+
+static STORE_TIMEOUT: OnceLock<Duration> = OnceLock::new();
+
+/// Store options for this run: `--store-timeout`, and whether a local store may be created.
+pub(crate) fn store_options(access: Access) -> StoreOptions {
+    StoreOptions {
+        create: access == Access::Write,
+        request_timeout: STORE_TIMEOUT
+            .get()
+            .copied()
+            .unwrap_or(StoreOptions::default().request_timeout),
+        ..StoreOptions::default()
+    }
+}
+
+/// The key: `--key` (or `$STASIS_KEY_FILE`), else the default key, which only a writer creates.
+pub(crate) fn load_key(path: Option<&Path>, access: Access) -> anyhow::Result<Key> {
+    match (path, access) {
+        (Some(p), _) => Ok(Key::load(p)?),
+        (None, Access::Write) => Ok(Key::load_or_create_default()?),
+        (None, Access::Read) => {
+            let p = Key::default_path()?;
+            if !p.exists() {
+                anyhow::bail!(
+                    "no key: pass --key FILE (or set STASIS_KEY_FILE) with the key the checkpoints were written with; the default key {} does not exist (a checkpoint creates it)",
+                    p.display()
+                );
+            }
+            Ok(Key::load(&p)?)
+        }
+    }
+}
+
+/// The key and the store.
+pub(crate) fn open_store(args: &StoreArgs, access: Access) -> anyhow::Result<(Key, Store)> {
+    let store = Store::open_with(&args.store, store_options(access))?;
+    let key = load_key(args.key.as_deref(), access)?;
     Ok((key, store))
 }
 
 pub(crate) fn store_reachable(url: &str) -> Result<String, (String, String)> {
     let fix = || "check the store URL and its credentials (AWS_* variables for s3://)".to_owned();
-    let store = Store::open(url).map_err(|e| (e.to_string(), fix()))?;
+    let store =
+        Store::open_with(url, store_options(Access::Read)).map_err(|e| (e.to_string(), fix()))?;
     let rt = runtime().map_err(|e| (e.to_string(), fix()))?;
     rt.block_on(store.list(None))
         .map(|l| format!("{url}: reachable, {} checkpoints", l.len()))
         .map_err(|e| (e.to_string(), fix()))
 }
 
-/// A scratch directory for one checkpoint or restore, removed when dropped. Its name carries this
-/// process's pid so that leftovers of a killed run can be recognised and removed.
-pub(crate) struct ScratchDir {
-    pub path: PathBuf,
-}
-
-impl ScratchDir {
-    pub fn new(work_dir: &Path, what: &str) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(work_dir)
-            .with_context(|| format!("cannot create the work directory {}", work_dir.display()))?;
-        remove_stale(work_dir);
-        let path = work_dir.join(format!(
-            "{what}-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir(&path).with_context(|| format!("cannot create {}", path.display()))?;
-        set_private(&path);
-        Ok(Self { path })
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-fn set_private(p: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700));
-}
-
-/// Removes scratch directories left by stasis processes that no longer run.
-fn remove_stale(work_dir: &Path) {
-    let Ok(rd) = std::fs::read_dir(work_dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.split('-').nth(1))
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            tracing::info!(dir = %e.path().display(), "removing scratch directory of a stasis run that died");
-            let _ = std::fs::remove_dir_all(e.path());
+/// An engine failure that cites a log in the scratch directory (about to be removed): the
+/// logs are kept under `<work dir>/failed/` and the error cites the kept copy.
+pub(crate) fn keep_failure_logs(e: EngineError, scratch: &ScratchDir) -> EngineError {
+    match e {
+        EngineError::ToolFailed {
+            what,
+            detail,
+            log: Some(log),
+        } if log.starts_with(&scratch.path) => {
+            let kept = scratch.keep_logs().and_then(|dir| {
+                let p = dir.join(log.file_name()?);
+                p.exists().then_some(p)
+            });
+            EngineError::ToolFailed {
+                what,
+                detail,
+                log: kept,
+            }
         }
+        e => e,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde::Serialize;
 use stasis_core::fingerprint::RestoreTarget;
 use stasis_core::manifest::Source;
@@ -14,10 +14,14 @@ use stasis_engine::runc::Runc;
 use stasis_engine::sockets;
 use stasis_engine::{node, EngineError};
 
-use super::{open_store, peak_rss_bytes, runtime, ScratchDir};
+use stasis_store::StoreError;
+
+use super::{keep_failure_logs, open_store, peak_rss_bytes, runtime, Access};
 use crate::args::RestoreArgs;
 use crate::output::{self, bytes};
 use crate::progress::Bars;
+use crate::scratch::ScratchDir;
+use crate::signals;
 
 #[derive(Debug, Serialize)]
 struct Report {
@@ -40,7 +44,9 @@ struct Report {
 pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let reference: CheckpointRef = args.reference.parse()?;
-    let (key, store) = open_store(&args.store)?;
+    // A signal from here on stops in order: no container half made, no images left.
+    let _orderly = signals::Orderly::enter();
+    let (key, store) = open_store(&args.store, Access::Read)?;
     let rt = runtime()?;
     let manifest = rt.block_on(store.read_manifest(&key, &reference))?;
     let exact = manifest.reference();
@@ -76,11 +82,31 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     if !mismatches.is_empty() {
         return Err(EngineError::Incompatible(mismatches).into());
     }
+    // What the target bundle must be (fresh, the bundle's own rootfs, not in use, memory).
+    if let Some(bundle) = &args.bundle {
+        restore::check_target(
+            bundle,
+            manifest.rootfs.is_some(),
+            Some(restore::memory_bytes(
+                manifest.files.iter().map(|f| (f.path.as_str(), f.size)),
+            )),
+        )?;
+    }
 
     let scratch = ScratchDir::new(&args.work_dir, "restore")?;
     let t = Instant::now();
-    rt.block_on(store.get_checkpoint(&key, &exact, &scratch.path, bars))
-        .with_context(|| format!("fetching {exact} failed"))?;
+    match rt.block_on(store.get_checkpoint_until(
+        &key,
+        &exact,
+        &scratch.path,
+        bars,
+        signals::cancelled(),
+    )) {
+        Ok(_) => {}
+        Err(StoreError::Cancelled) => return Err(signals::interrupted().into()),
+        Err(e) => return Err(anyhow::Error::from(e).context(format!("fetching {exact} failed"))),
+    }
+    signals::check()?;
     let fetch_ms = t.elapsed().as_millis() as u64;
     let image = ImageDir::new(&scratch.path);
 
@@ -97,7 +123,8 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             recorded,
         });
     let (restored_as, restored, tcp_decision) = if args.process {
-        let (r, decision) = restore::restore_process_tcp(&image, args.log.as_deref(), gpu, !tcp)?;
+        let (r, decision) = restore::restore_process_tcp(&image, args.log.as_deref(), gpu, !tcp)
+            .map_err(|e| keep_failure_logs(e, &scratch))?;
         (format!("pid {}", r.pid), r, decision)
     } else {
         let (Some(bundle), Some(new_id)) = (&args.bundle, &args.container_id) else {
@@ -123,7 +150,8 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             tcp_established: decision.keeps(),
             stdio_log: Some(&log),
             gpu,
-        })?;
+        })
+        .map_err(|e| keep_failure_logs(e, &scratch))?;
         (format!("container {new_id}"), r, decision)
     };
     spinner.finish_and_clear();

@@ -82,6 +82,8 @@ impl World {
             containers: Vec::new(),
         };
         w.stasis(&["key", "generate", w.key.to_str().unwrap()]).ok();
+        // The store exists (readers never create one).
+        std::fs::create_dir_all(w.path("store")).unwrap();
         w
     }
 
@@ -91,17 +93,20 @@ impl World {
 
     /// Runs `stasis` with this world's store, key, runc root and work dir.
     pub fn stasis(&self, args: &[&str]) -> Run {
-        let out = Command::new(STASIS)
-            .args(args)
+        Run(self.command(args).output().unwrap())
+    }
+
+    /// The `stasis` command [`World::stasis`] runs, to spawn it instead.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(STASIS);
+        c.args(args)
             .env("STASIS_STORE", &self.store)
             .env("STASIS_KEY_FILE", &self.key)
             .env("STASIS_RUNC_ROOT", &self.runc_root)
             .env("STASIS_WORK_DIR", self.dir.path().join("work"))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        Run(out)
+            .stdin(Stdio::null());
+        c
     }
 
     pub fn bundle(&self, name: &str, env: &[&str]) -> PathBuf {
