@@ -44,6 +44,12 @@ pub struct GpuFingerprint {
     pub devices: Vec<GpuDevice>,
     /// Whether persistence mode is on for every GPU; `None` when NVML did not say.
     pub persistence_mode: Option<bool>,
+    /// The GPUs the checkpointed workload was given (`NVIDIA_VISIBLE_DEVICES` of its CUDA
+    /// processes, as UUIDs of `devices`), when it was given some rather than every GPU of the
+    /// node: a restore moves their memory onto the GPUs the new pod is given. Empty in a node's
+    /// own fingerprint, and not part of the compatibility rule.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_gpus: Vec<String>,
 }
 
 impl GpuFingerprint {
@@ -195,6 +201,7 @@ mod tests {
                 .map(|u| dev("NVIDIA H200", u, 141 * GIB))
                 .collect(),
             persistence_mode: Some(true),
+            workload_gpus: Vec::new(),
         }
     }
 

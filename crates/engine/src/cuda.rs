@@ -383,6 +383,8 @@ pub fn suspend_with(
         )));
     }
     procfs.check_supported(&cuda)?;
+    let mut recorded = gpus.clone();
+    recorded.workload_gpus = workload_gpus(procfs, gpus, &cuda);
     let used_before = memory_used();
     let blocked_since = Instant::now();
     let inner =
@@ -392,11 +394,76 @@ pub fn suspend_with(
         .map(|(before, after)| before.saturating_sub(after));
     Ok(Some(SuspendedGpu {
         inner,
-        gpus: gpus.clone(),
+        gpus: recorded,
         driver_load: Duration::ZERO,
         blocked_since,
         bytes_moved,
     }))
+}
+
+/// The GPUs the CUDA processes among `pids` were given (`NVIDIA_VISIBLE_DEVICES`, set by the
+/// device plugin in a pod's containers), as UUIDs of `node`'s GPUs, in first-seen order; empty
+/// when they were given the whole node or it cannot be told (then a restore pairs GPUs by count).
+fn workload_gpus(procfs: &Procfs, node: &GpuFingerprint, pids: &[i32]) -> Vec<String> {
+    let mut out = Vec::new();
+    for &p in pids {
+        let Some(v) = procfs.environ_var(p, stasis_gpu::uuid::VISIBLE_DEVICES_ENV) else {
+            continue;
+        };
+        match stasis_gpu::visible_devices(&v, node) {
+            Ok(Some(uuids)) => {
+                for u in uuids {
+                    if !out.contains(&u) {
+                        out.push(u);
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(pid = p, error = %e, "which GPUs the workload uses is unknown")
+            }
+        }
+    }
+    out
+}
+
+/// The GPUs the device plugin gave the container a bundle describes (`NVIDIA_VISIBLE_DEVICES`
+/// in its `process.env`), as UUIDs of `node`'s GPUs; empty when it names none in particular.
+pub fn bundle_gpus(
+    bundle: &std::path::Path,
+    node: &GpuFingerprint,
+) -> Result<Vec<String>, CudaError> {
+    #[derive(serde::Deserialize)]
+    struct Config {
+        #[serde(default)]
+        process: Option<Process>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Process {
+        #[serde(default)]
+        env: Vec<String>,
+    }
+    let path = bundle.join("config.json");
+    let cfg: Config = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| {
+            CudaError::Unsupported(format!(
+                "{} is unreadable: which GPUs the pod was given is unknown",
+                path.display()
+            ))
+        })?;
+    let prefix = format!("{}=", stasis_gpu::uuid::VISIBLE_DEVICES_ENV);
+    let value = cfg
+        .process
+        .map(|p| p.env)
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|kv| kv.strip_prefix(&prefix).map(str::to_owned));
+    match value {
+        Some(v) => Ok(stasis_gpu::visible_devices(&v, node)?.unwrap_or_default()),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// After CRIU restored the tree: restore (onto other GPUs when `uuid_remap` names pairs) and
@@ -463,12 +530,24 @@ pub fn resume_restored_tree_with(
 
 /// UUID pairs to restore a checkpoint recorded on `recorded` onto this node's `node` GPUs:
 /// `None` when they are the same GPUs; an error when the node cannot take it (driver < r580).
-/// For a pod, give both fingerprints with the pod's allocated GPUs only, not the whole node's.
+/// Both fingerprints are whole nodes' (the driver wants every GPU it sees named); for a pod,
+/// [`remap_onto`] puts the workload on the GPUs the pod was given.
 pub fn remap_for(
     recorded: &GpuFingerprint,
     node: &GpuFingerprint,
 ) -> Result<Option<Vec<GpuPair>>, CudaError> {
     stasis_gpu::plan_remap(recorded, node)
+}
+
+/// [`remap_for`], with the workload's GPUs ([`GpuFingerprint::workload_gpus`]) going onto the GPUs
+/// the device plugin gave the new container (`assigned`, from [`bundle_gpus`]; empty: unknown,
+/// then as [`remap_for`]). Below r580 a change of GPU is refused, naming the GPUs.
+pub fn remap_onto(
+    recorded: &GpuFingerprint,
+    node: &GpuFingerprint,
+    assigned: &[String],
+) -> Result<Option<Vec<GpuPair>>, CudaError> {
+    stasis_gpu::plan_remap_assigned(recorded, node, assigned)
 }
 
 /// The whole process tree under `root` (root first), for [`suspend`].
@@ -627,6 +706,50 @@ mod tests {
         assert_eq!(e, CudaError::LockTimeout { pid: 3, timeout: T });
         assert_eq!(sim.log(), [(Op::Lock, 2), (Op::Lock, 3), (Op::Unlock, 2)]);
         assert_eq!(sim.state_of(2), Some(ProcessState::Running));
+    }
+
+    #[test]
+    fn a_checkpoint_records_the_gpus_the_device_plugin_gave_the_workload() {
+        let t = fake_proc(&[(2, &["/dev/nvidia1"], "")]);
+        fs::write(
+            t.path().join("2/environ"),
+            b"PATH=/bin\0NVIDIA_VISIBLE_DEVICES=1\0".as_slice(),
+        )
+        .unwrap();
+        let sim = Arc::new(SimDriver::with_processes(&[2]));
+        let mut node = sim.fingerprint();
+        let mut second = node.devices[0].clone();
+        second.uuid = "GPU-5a5a5a5a-0000-4000-8000-000000000002".into();
+        node.devices.push(second.clone());
+        let s = suspend_with(
+            sim.clone(),
+            &proc_at(t.path()),
+            Some(&node),
+            &|| None,
+            &[2],
+            T,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.fingerprint().workload_gpus, [second.uuid.clone()]);
+        s.discard();
+        // The restore side reads the new container's GPUs from its bundle.
+        let b = tempfile::tempdir().unwrap();
+        fs::write(
+            b.path().join("config.json"),
+            format!(
+                r#"{{"process":{{"env":["A=1","NVIDIA_VISIBLE_DEVICES={}"]}}}}"#,
+                node.devices[0].uuid
+            ),
+        )
+        .unwrap();
+        let assigned = bundle_gpus(b.path(), &node).unwrap();
+        assert_eq!(assigned, [node.devices[0].uuid.clone()]);
+        let mut recorded = node.clone();
+        recorded.workload_gpus = vec![second.uuid.clone()];
+        let pairs = remap_onto(&recorded, &node, &assigned).unwrap().unwrap();
+        assert_eq!(pairs[0].old.to_string(), second.uuid);
+        assert_eq!(pairs[0].new.to_string(), node.devices[0].uuid);
     }
 
     #[test]

@@ -81,12 +81,18 @@ impl Procfs {
     }
 
     fn environ_has(&self, pid: i32, key: &str) -> bool {
-        let Ok(env) = fs::read(self.pid_dir(pid).join("environ")) else {
-            return false;
-        };
-        let prefix = format!("{key}=");
-        env.split(|&b| b == 0)
-            .any(|kv| kv.starts_with(prefix.as_bytes()))
+        self.environ_var(pid, key).is_some()
+    }
+
+    /// The value of `name` in `pid`'s environment as the process started (`/proc/<pid>/environ`).
+    pub fn environ_var(&self, pid: i32, name: &str) -> Option<String> {
+        let raw = fs::read(self.pid_dir(pid).join("environ")).ok()?;
+        raw.split(|&b| b == 0).find_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            kv.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('='))
+                .map(str::to_owned)
+        })
     }
 
     fn maps_contain(&self, pid: i32, needle: &str) -> bool {

@@ -43,4 +43,4 @@ pub use nvml::fingerprint;
 pub use probe::{probe, GpuProbe};
 pub use result::{CuResult, NvmlReturn};
 pub use state::{Op, ProcessState};
-pub use uuid::{plan_remap, GpuPair, GpuUuid};
+pub use uuid::{plan_remap, plan_remap_assigned, visible_devices, GpuPair, GpuUuid};

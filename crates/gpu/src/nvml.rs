@@ -68,6 +68,7 @@ pub fn fingerprint() -> Result<GpuFingerprint, GpuError> {
             })
             .collect(),
         persistence_mode,
+        workload_gpus: Vec::new(),
     })
 }
 

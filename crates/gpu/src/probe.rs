@@ -1,6 +1,7 @@
 //! What `stasis doctor` says about the GPU side of a machine.
 
 use std::fmt;
+use std::path::Path;
 
 use serde::Serialize;
 use stasis_core::gpu::{GpuFingerprint, MIN_CHECKPOINT_BRANCH};
@@ -210,12 +211,42 @@ pub fn probe_with(libcuda: &[String], procfs: &Procfs) -> GpuProbe {
             "an MPS daemon runs here (pid {mps:?}): MPS clients cannot be checkpointed"
         ));
     }
+    if let Some(note) = criu_cuda_plugin_note(Path::new(CRIU_CUDA_PLUGIN)) {
+        p.notes.push(note);
+    }
     p
+}
+
+/// Where CRIU looks for its own CUDA plugin by default (`CR_PLUGIN_DEFAULT`).
+pub const CRIU_CUDA_PLUGIN: &str = "/usr/lib/criu/cuda_plugin.so";
+
+/// What to say when CRIU's own CUDA plugin is installed: it would act on the processes stasis
+/// drives (restore them without GPU pairs, spawn cuda-checkpoint inside the freeze, mark images
+/// as needing it) unless CRIU is pointed elsewhere, which the stasis binaries do.
+fn criu_cuda_plugin_note(plugin: &Path) -> Option<String> {
+    plugin.exists().then(|| {
+        format!(
+            "CRIU's CUDA plugin is installed ({}): stasis runs CRIU with an empty plugin \
+             directory (CRIU_LIBS_DIR) so that the plugin leaves the CUDA processes stasis drives \
+             alone; a CRIU_LIBS_DIR set by hand must not contain it",
+            plugin.display()
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_installed_criu_cuda_plugin_is_mentioned() {
+        let t = tempfile::tempdir().unwrap();
+        let plugin = t.path().join("cuda_plugin.so");
+        assert_eq!(criu_cuda_plugin_note(&plugin), None);
+        std::fs::write(&plugin, "").unwrap();
+        let note = criu_cuda_plugin_note(&plugin).unwrap();
+        assert!(note.contains("CRIU_LIBS_DIR"), "{note}");
+    }
 
     #[test]
     fn without_libcuda_the_probe_says_no_nvidia_driver() {
@@ -262,6 +293,7 @@ mod tests {
                     mig_enabled: Some(false),
                 }],
                 persistence_mode: Some(true),
+                workload_gpus: Vec::new(),
             }),
             ..Default::default()
         };

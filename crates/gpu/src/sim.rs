@@ -49,6 +49,7 @@ pub fn sim_fingerprint() -> GpuFingerprint {
             mig_enabled: Some(false),
         }],
         persistence_mode: Some(false),
+        workload_gpus: Vec::new(),
     }
 }
 

@@ -140,6 +140,161 @@ pub fn plan_remap(
     Ok(Some(pairs))
 }
 
+/// Environment variable through which the NVIDIA device plugin and container toolkit give a
+/// container its GPUs.
+pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// The GPUs an `NVIDIA_VISIBLE_DEVICES` value names, as UUIDs of `node`'s GPUs: UUIDs as they
+/// are, indices in NVML's order. `Ok(None)` when it names no particular GPU (empty, `all`,
+/// `none`, `void`); an error when it names one this node does not have (a MIG device, an index
+/// out of range, an unknown UUID).
+pub fn visible_devices(
+    value: &str,
+    node: &GpuFingerprint,
+) -> Result<Option<Vec<String>>, GpuError> {
+    let value = value.trim();
+    if matches!(value, "" | "all" | "none" | "void") {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let uuid = if let Ok(i) = item.parse::<usize>() {
+            node.devices.get(i).map(|d| d.uuid.clone())
+        } else {
+            node.devices
+                .iter()
+                .find(|d| d.uuid.eq_ignore_ascii_case(item))
+                .map(|d| d.uuid.clone())
+        };
+        match uuid {
+            Some(u) if !out.contains(&u) => out.push(u),
+            Some(_) => {}
+            None => {
+                return Err(GpuError::Unsupported(format!(
+                    "{VISIBLE_DEVICES_ENV}={value} names {item}, which is not a GPU of this node \
+                     (MIG devices cannot be checkpointed)"
+                )))
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The UUID pairs to restore a checkpoint onto the GPUs the new pod was given (`assigned`, UUIDs
+/// of `node`'s GPUs; empty: no assignment known, as [`plan_remap`]).
+///
+/// Each GPU the checkpointed workload used (`recorded.workload_gpus`, or every recorded GPU when
+/// their number is the number assigned) goes onto the assigned GPU in the same position, of the
+/// same model; every other recorded GPU is named too (the driver wants every GPU it sees in the
+/// pairs), onto itself where the node has it and else onto a remaining GPU of the same model.
+/// `Ok(None)` when every GPU maps onto itself. Refused, naming why, when the numbers or models do
+/// not line up, or when GPUs must change and the node's driver is older than r580.
+pub fn plan_remap_assigned(
+    recorded: &GpuFingerprint,
+    node: &GpuFingerprint,
+    assigned: &[String],
+) -> Result<Option<Vec<GpuPair>>, GpuError> {
+    if assigned.is_empty() {
+        return plan_remap(recorded, node);
+    }
+    let refuse = |why: String| Err(GpuError::Unsupported(why));
+    let used: Vec<String> = if !recorded.workload_gpus.is_empty() {
+        recorded.workload_gpus.clone()
+    } else if recorded.devices.len() == assigned.len() {
+        recorded.devices.iter().map(|d| d.uuid.clone()).collect()
+    } else {
+        return refuse(format!(
+            "the checkpoint does not say which of its node's {} GPUs the workload used, and the \
+             pod was given {}: which GPU's memory goes where is unknown",
+            recorded.devices.len(),
+            assigned.len()
+        ));
+    };
+    if used.len() != assigned.len() {
+        return refuse(format!(
+            "the checkpointed workload used {} GPU(s), the new pod was given {}",
+            used.len(),
+            assigned.len()
+        ));
+    }
+    if recorded.devices.len() != node.devices.len() {
+        return refuse(format!(
+            "the checkpoint's node had {} GPUs, this node has {}",
+            recorded.devices.len(),
+            node.devices.len()
+        ));
+    }
+    let model = |g: &GpuFingerprint, uuid: &str| {
+        g.devices
+            .iter()
+            .find(|d| d.uuid == uuid)
+            .map(|d| d.name.clone())
+    };
+    // old UUID (recorded) -> new UUID (node)
+    let mut plan: Vec<(String, String)> = Vec::with_capacity(recorded.devices.len());
+    for (old, new) in used.iter().zip(assigned) {
+        match (model(recorded, old), model(node, new)) {
+            (Some(a), Some(b)) if a == b => plan.push((old.clone(), new.clone())),
+            (Some(a), Some(b)) => {
+                return refuse(format!(
+                    "the workload's GPU {old} is a {a}, the pod was given {new}, a {b}"
+                ))
+            }
+            (None, _) => return refuse(format!("the checkpoint records no GPU {old}")),
+            (_, None) => return refuse(format!("this node has no GPU {new}")),
+        }
+    }
+    let taken = |plan: &[(String, String)], u: &str| plan.iter().any(|(_, n)| n == u);
+    for d in &recorded.devices {
+        if plan.iter().any(|(o, _)| *o == d.uuid) {
+            continue;
+        }
+        let onto =
+            if model(node, &d.uuid).as_deref() == Some(d.name.as_str()) && !taken(&plan, &d.uuid) {
+                Some(d.uuid.clone())
+            } else {
+                node.devices
+                    .iter()
+                    .find(|n| n.name == d.name && !taken(&plan, &n.uuid))
+                    .map(|n| n.uuid.clone())
+            };
+        match onto {
+            Some(n) => plan.push((d.uuid.clone(), n)),
+            None => {
+                return refuse(format!(
+                    "no free {} on this node to take {}",
+                    d.name, d.uuid
+                ))
+            }
+        }
+    }
+    if plan.iter().all(|(o, n)| o == n) {
+        return Ok(None);
+    }
+    if !node.supports_migration() {
+        let moved: Vec<String> = plan
+            .iter()
+            .filter(|(o, n)| o != n)
+            .map(|(o, n)| format!("{o} -> {n}"))
+            .collect();
+        return refuse(format!(
+            "the new pod was given other GPUs than the checkpoint ran on ({}); restoring onto \
+             other GPUs needs NVIDIA driver r580 or newer, this node has {}",
+            moved.join(", "),
+            node.driver_version
+        ));
+    }
+    plan.iter()
+        .map(|(o, n)| {
+            Ok(GpuPair {
+                old: o.parse()?,
+                new: n.parse()?,
+            })
+        })
+        .collect::<Result<Vec<_>, GpuError>>()
+        .map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use stasis_core::gpu::GpuDevice;
@@ -238,5 +393,103 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("used 1 GPUs"));
+    }
+
+    #[test]
+    fn visible_devices_by_uuid_or_index() {
+        let node = fp("580.65.06", &[("H200", A), ("H200", B)]);
+        assert_eq!(visible_devices("all", &node).unwrap(), None);
+        assert_eq!(visible_devices("", &node).unwrap(), None);
+        assert_eq!(
+            visible_devices(&format!("1,{A}"), &node).unwrap(),
+            Some(vec![B.to_owned(), A.to_owned()])
+        );
+        let e = visible_devices("MIG-1234", &node).unwrap_err();
+        assert!(e.to_string().contains("names MIG-1234"), "{e}");
+        assert!(visible_devices("2", &node).is_err());
+    }
+
+    #[test]
+    fn the_workload_lands_on_the_gpu_the_pod_was_given() {
+        // Same node, two H200s; the workload ran on A and the new pod was given B.
+        let mut rec = fp("580.65.06", &[("H200", A), ("H200", B)]);
+        rec.workload_gpus = vec![A.into()];
+        let node = fp("580.65.06", &[("H200", A), ("H200", B)]);
+        let pairs = plan_remap_assigned(&rec, &node, &[B.into()])
+            .unwrap()
+            .unwrap();
+        let a: GpuUuid = A.parse().unwrap();
+        let b: GpuUuid = B.parse().unwrap();
+        // Every GPU named: A's memory onto B, and B (unused) onto the one left, A.
+        assert_eq!(
+            pairs,
+            [GpuPair { old: a, new: b }, GpuPair { old: b, new: a }]
+        );
+        // Given the GPU it ran on: nothing to remap (the whole-node plan would say the same).
+        assert_eq!(plan_remap_assigned(&rec, &node, &[A.into()]).unwrap(), None);
+        // No assignment known: the whole-node plan.
+        assert_eq!(plan_remap_assigned(&rec, &node, &[]).unwrap(), None);
+    }
+
+    #[test]
+    fn another_node_pairs_the_used_gpu_with_the_assigned_one() {
+        let mut rec = fp("580.65.06", &[("H200", A), ("H200", B)]);
+        rec.workload_gpus = vec![B.into()];
+        let node = fp("580.65.06", &[("H200", C), ("H200", D)]);
+        let pairs = plan_remap_assigned(&rec, &node, &[D.into()])
+            .unwrap()
+            .unwrap();
+        let u = |s: &str| -> GpuUuid { s.parse().unwrap() };
+        assert_eq!(
+            pairs,
+            [
+                GpuPair {
+                    old: u(B),
+                    new: u(D)
+                },
+                GpuPair {
+                    old: u(A),
+                    new: u(C)
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn another_gpu_before_r580_is_refused_naming_the_reason() {
+        let mut rec = fp("570.172.08", &[("H200", A), ("H200", B)]);
+        rec.workload_gpus = vec![A.into()];
+        let node = fp("570.172.08", &[("H200", A), ("H200", B)]);
+        let e = plan_remap_assigned(&rec, &node, &[B.into()]).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("needs NVIDIA driver r580") && m.contains("570.172.08"),
+            "{m}"
+        );
+        assert!(m.contains(&format!("{A} -> {B}")), "{m}");
+        // The GPU it ran on is fine before r580 too.
+        assert_eq!(plan_remap_assigned(&rec, &node, &[A.into()]).unwrap(), None);
+    }
+
+    #[test]
+    fn assignments_that_do_not_line_up_are_refused() {
+        let rec = fp("580.65.06", &[("H200", A), ("H200", B)]);
+        let node = fp("580.65.06", &[("H200", A), ("H100", C)]);
+        // Which of two GPUs the workload used is not recorded and one GPU was given.
+        let e = plan_remap_assigned(&rec, &node, &[A.into()]).unwrap_err();
+        assert!(e.to_string().contains("does not say which"), "{e}");
+        let mut rec1 = rec.clone();
+        rec1.workload_gpus = vec![B.into()];
+        let e = plan_remap_assigned(&rec1, &node, &[C.into()]).unwrap_err();
+        assert!(
+            e.to_string().contains("is a H200, the pod was given"),
+            "{e}"
+        );
+        let e = plan_remap_assigned(&rec1, &node, &[A.into(), C.into()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("used 1 GPU(s), the new pod was given 2"),
+            "{e}"
+        );
     }
 }
