@@ -7,7 +7,7 @@ use stasis_core::manifest::RootfsMethod;
 use tracing::{info, warn};
 
 use crate::checkpoint::{
-    criu_failed, open_dir_inheritable, ProcessImageInfo, IMAGE_DIGEST_ANNOTATIONS,
+    criu_failed, open_dir_inheritable, ProcessImageInfo, WorkloadLock, IMAGE_DIGEST_ANNOTATIONS,
     PROCESS_INFO_FILE,
 };
 use crate::error::EngineError;
@@ -100,11 +100,40 @@ struct BundleConfig {
 #[derive(Debug, serde::Deserialize)]
 struct BundleRoot {
     path: PathBuf,
+    #[serde(default)]
+    readonly: bool,
 }
 #[derive(Debug, Default, serde::Deserialize)]
 struct BundleLinux {
     #[serde(default)]
     namespaces: Vec<BundleNamespace>,
+    #[serde(default)]
+    resources: Option<BundleResources>,
+}
+#[derive(Debug, Default, serde::Deserialize)]
+struct BundleResources {
+    #[serde(default)]
+    memory: Option<BundleMemory>,
+}
+#[derive(Debug, Default, serde::Deserialize)]
+struct BundleMemory {
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+impl BundleConfig {
+    /// The memory limit (`linux.resources.memory.limit`), when there is a positive one.
+    fn memory_limit(&self) -> Option<u64> {
+        let l = self
+            .linux
+            .as_ref()?
+            .resources
+            .as_ref()?
+            .memory
+            .as_ref()?
+            .limit?;
+        u64::try_from(l).ok().filter(|l| *l > 0)
+    }
 }
 #[derive(Debug, serde::Deserialize)]
 struct BundleNamespace {
@@ -134,6 +163,146 @@ pub fn bundle_image_digest(bundle: &Path) -> Result<Option<String>, EngineError>
         .find_map(|k| cfg.annotations.get(*k).cloned()))
 }
 
+/// What a container restore requires of its target bundle, checked before anything is fetched
+/// or changed (the CLI calls it before fetching; [`restore_container`] again before writing).
+///
+/// A restore writes the checkpoint's filesystem changes into the bundle's rootfs and deletes
+/// what the checkpoint does not list there, so the rootfs must be the bundle's own fresh copy
+/// of the image. Refused, naming why: a rootfs that is the host's `/`, the bundle directory
+/// itself, or outside the bundle (a shared directory: an absolute `root.path` elsewhere); a
+/// `root.readonly` rootfs; a rootfs that a process (a running, paused or created container)
+/// has as its root; a memory limit smaller than the memory the checkpoint restores (CRIU would
+/// be killed for memory half-way). Returns the rootfs path.
+pub fn check_target(
+    bundle: &Path,
+    writes_rootfs: bool,
+    memory_bytes: Option<u64>,
+) -> Result<PathBuf, EngineError> {
+    let cfg = read_bundle(bundle)?;
+    check_target_cfg(bundle, &cfg, writes_rootfs, memory_bytes)
+}
+
+fn check_target_cfg(
+    bundle: &Path,
+    cfg: &BundleConfig,
+    writes_rootfs: bool,
+    memory_bytes: Option<u64>,
+) -> Result<PathBuf, EngineError> {
+    let refuse = |reason: String| EngineError::Bundle {
+        bundle: bundle.into(),
+        reason,
+    };
+    let rootfs = if cfg.root.path.is_absolute() {
+        cfg.root.path.clone()
+    } else {
+        bundle.join(&cfg.root.path)
+    };
+    if !rootfs.is_dir() {
+        return Err(refuse(format!(
+            "rootfs {} is not a directory",
+            rootfs.display()
+        )));
+    }
+    if let (Some(limit), Some(need)) = (cfg.memory_limit(), memory_bytes) {
+        if limit < need {
+            return Err(refuse(format!(
+                "its memory limit (linux.resources.memory.limit) is {}, less than the {} of memory the checkpoint restores: CRIU would be killed for memory; raise the limit",
+                mib(limit),
+                mib(need)
+            )));
+        }
+    }
+    if !writes_rootfs {
+        return Ok(rootfs);
+    }
+    let canon = |p: &Path| {
+        p.canonicalize()
+            .map_err(|e| refuse(format!("cannot resolve {}: {e}", p.display())))
+    };
+    let (root_c, bundle_c) = (canon(&rootfs)?, canon(bundle)?);
+    let fix = "a restore rewrites the rootfs (it writes the checkpoint's files and deletes what the checkpoint does not list), so it needs the bundle's own fresh copy of the image at <bundle>/rootfs";
+    if root_c == Path::new("/") {
+        return Err(refuse(format!(
+            "rootfs {} is the host's root filesystem; {fix}",
+            rootfs.display()
+        )));
+    }
+    if root_c == bundle_c || !root_c.starts_with(&bundle_c) {
+        return Err(refuse(format!(
+            "rootfs {} is not inside the bundle directory (a shared directory?); {fix}",
+            root_c.display()
+        )));
+    }
+    if cfg.root.readonly {
+        return Err(refuse(format!(
+            "root.readonly is true, but a restore writes the checkpoint's filesystem changes into rootfs {}; use a bundle with a writable rootfs",
+            root_c.display()
+        )));
+    }
+    if let Some((pid, comm)) = processes_rooted_at(&root_c).into_iter().next() {
+        return Err(refuse(format!(
+            "rootfs {} is in use: process {pid} ({comm}) runs in it (a container from this bundle?); {fix}",
+            root_c.display()
+        )));
+    }
+    Ok(rootfs)
+}
+
+fn mib(n: u64) -> String {
+    format!("{:.1} MiB", n as f64 / (1024.0 * 1024.0))
+}
+
+/// Processes whose root directory is `dir` (same device and inode: a container's root seen
+/// from the host, whatever its mount namespace calls it).
+fn processes_rooted_at(dir: &Path) -> Vec<(i32, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(r) = std::fs::metadata(format!("/proc/{pid}/root")) else {
+            continue;
+        };
+        if r.dev() == md.dev() && r.ino() == md.ino() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            out.push((pid, comm.trim().to_owned()));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Bytes of memory a checkpoint image restores: the sizes of CRIU's page images.
+pub fn memory_bytes<'a>(files: impl IntoIterator<Item = (&'a str, u64)>) -> u64 {
+    files
+        .into_iter()
+        .filter(|(p, _)| {
+            p.strip_prefix("criu/pages-")
+                .is_some_and(|r| r.ends_with(".img"))
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn image_memory_bytes(image: &ImageDir) -> Option<u64> {
+    let rd = std::fs::read_dir(image.criu()).ok()?;
+    let files: Vec<(String, u64)> = rd
+        .flatten()
+        .filter_map(|e| {
+            let len = e.metadata().ok()?.len();
+            Some((format!("criu/{}", e.file_name().to_str()?), len))
+        })
+        .collect();
+    Some(memory_bytes(files.iter().map(|(p, n)| (p.as_str(), *n))))
+}
+
 /// The network namespace a restore into `bundle` puts the sockets in: the restoring process's
 /// (no network namespace in the config), the one the config joins by path, or a new one.
 pub fn tcp_target(bundle: &Path) -> Result<sockets::Target, EngineError> {
@@ -148,14 +317,22 @@ pub fn tcp_target(bundle: &Path) -> Result<sockets::Target, EngineError> {
     })
 }
 
-/// Restores a container checkpoint into a new container (detached, running). On failure nothing
-/// is left behind: the half-restored container is deleted.
+/// Restores a container checkpoint into a new container (detached, running).
+///
+/// The target bundle is checked first ([`check_target`]). One restore per (runc root, id) at a
+/// time. On failure the half-restored container is deleted, but only when it is the one this
+/// restore created (runc did not refuse the id as taken, and the container under that id has
+/// this bundle): a container someone else created under the id is never touched.
 pub fn restore_container(req: &ContainerRestore<'_>) -> Result<i32, EngineError> {
     restore_container_reporting(req).map(|r| r.pid)
 }
 
 /// [`restore_container`], with the report of its GPU steps.
 pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restored, EngineError> {
+    let _lock = WorkloadLock::acquire_as(
+        &format!("restore-{}-{}", req.runc.root.display(), req.new_id),
+        &format!("a restore into container {:?}", req.new_id),
+    )?;
     if req.runc.exists(req.new_id)? {
         return Err(EngineError::ContainerExists {
             id: req.new_id.into(),
@@ -163,17 +340,12 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
         });
     }
     let cfg = read_bundle(req.bundle)?;
-    let rootfs = if cfg.root.path.is_absolute() {
-        cfg.root.path.clone()
-    } else {
-        req.bundle.join(&cfg.root.path)
-    };
-    if !rootfs.is_dir() {
-        return Err(EngineError::Bundle {
-            bundle: req.bundle.into(),
-            reason: format!("rootfs {} is not a directory", rootfs.display()),
-        });
-    }
+    let rootfs = check_target_cfg(
+        req.bundle,
+        &cfg,
+        req.rootfs_method.is_some(),
+        image_memory_bytes(req.image),
+    )?;
     if let Some(method) = req.rootfs_method {
         rootfs::apply(req.image, method, &rootfs)?;
     }
@@ -214,10 +386,10 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
     let restored = match restored {
         Ok(r) => r,
         Err(e) => {
-            if let Err(de) = req.runc.delete_force(req.new_id) {
-                warn!(container = req.new_id, error = %de, "could not remove the failed restore");
+            if !matches!(e, EngineError::ContainerExists { .. }) {
+                remove_if_ours(req.runc, req.new_id, req.bundle);
             }
-            return Err(e);
+            return Err(name_memory_kill(e, cfg.memory_limit()));
         }
     };
     let pid = restored.pid;
@@ -249,6 +421,56 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
     Ok(restored)
 }
 
+/// Deletes the container `id` after a failed restore, if it is the one this restore created
+/// (its bundle is ours); anything else under that id is someone else's and is left alone.
+fn remove_if_ours(runc: &Runc, id: &str, bundle: &Path) {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    match runc.state(id) {
+        Ok(st) if same(&st.bundle, bundle) => {
+            if let Err(de) = runc.delete_force(id) {
+                warn!(container = id, error = %de, "could not remove the failed restore");
+            }
+        }
+        Ok(st) => warn!(
+            container = id,
+            bundle = %st.bundle.display(),
+            "a container with this id and another bundle exists: not ours, left alone"
+        ),
+        Err(_) => {}
+    }
+}
+
+/// A restore that died of SIGKILL under a memory limit: say so (CRIU's own words are about a
+/// lost helper, `cgroupd: recv req error`, or a process `killed by signal 9`).
+fn name_memory_kill(e: EngineError, limit: Option<u64>) -> EngineError {
+    match (e, limit) {
+        (
+            EngineError::ToolFailed {
+                what,
+                detail,
+                log,
+            },
+            Some(limit),
+        ) if detail.contains("signal 9")
+            || detail.contains("cgroupd")
+            || detail.contains("Killed") =>
+        {
+            EngineError::ToolFailed {
+                what,
+                detail: format!(
+                    "CRIU or the restored processes were killed (SIGKILL), most likely by the bundle's memory limit of {}: raise linux.resources.memory.limit ({detail})",
+                    mib(limit)
+                ),
+                log,
+            }
+        }
+        (e, _) => e,
+    }
+}
+
 fn open_inheritable_log(p: &Path) -> Result<std::fs::File, EngineError> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     let f = std::fs::OpenOptions::new()
@@ -269,6 +491,29 @@ fn read_pid(p: &Path) -> Result<i32, EngineError> {
         path: p.into(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a pid"),
     })
+}
+
+/// How long a restored process tree must stay alive before its restore counts as a success.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Whether the child `pid` ends within `wait` (then how: exit status or signal).
+fn died_within(pid: i32, wait: std::time::Duration) -> Option<String> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return Some(format!("exited with status {code}")),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Some(format!("was killed by {sig}")),
+            Ok(_) => {}
+            // Not our child (CRIU could not make it one): fall back to /proc.
+            Err(_) if !proctree::alive(pid) => return Some("ended".into()),
+            Err(_) => {}
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Restores a process tree through CRIU's RPC. The tree gets its original pids back and becomes a
@@ -329,15 +574,34 @@ fn restore_process_inner(
                 "{PROCESS_INFO_FILE} is missing or unreadable: not a process checkpoint"
             ),
         })?;
+    let refuse = |detail: String| EngineError::ToolFailed {
+        what: "criu restore".into(),
+        detail,
+        log: None,
+    };
     if proctree::alive(info.root_pid) {
-        return Err(EngineError::ToolFailed {
-            what: "criu restore".into(),
-            detail: format!(
-                "pid {} is in use by a running process; a process tree restores with its original pids (stop the original first)",
-                info.root_pid
-            ),
-            log: None,
-        });
+        return Err(refuse(format!(
+            "pid {} is in use by a running process; a process tree restores with its original pids (stop the original first)",
+            info.root_pid
+        )));
+    }
+    if let Some(parent) = proctree::zombie_parent(info.root_pid) {
+        return Err(refuse(format!(
+            "pid {} is held by a zombie that its parent, pid {parent}, has not reaped yet; a process tree restores with its original pids: wait for the parent to reap it (run workloads under a reaping parent such as `tini -s`)",
+            info.root_pid
+        )));
+    }
+    // A pipe's reader is not part of the checkpoint: a tree restored onto the pipe it wrote to
+    // dies of SIGPIPE at its first write. A log file takes the pipe's place instead.
+    if stdio_log.is_none() {
+        if let Some(pipe) = info.stdio_keys.iter().find(|k| k.starts_with("pipe:")) {
+            return Err(EngineError::Image {
+                dir: image.root.clone(),
+                reason: format!(
+                    "the checkpointed process wrote its stdout or stderr to a pipe ({pipe}) whose reader is not part of the checkpoint, so the restored tree would die at its first write; give it a file instead with --log FILE"
+                ),
+            });
+        }
     }
     // `tcp-close` has no setter in CRIU's RPC client: a configuration file, handed to
     // `criu swrk` by a wrapper.
@@ -383,6 +647,19 @@ fn restore_process_inner(
             return Err(e);
         }
     };
+    // Success means a live tree: one that dies at once (a file it needs is gone, a signal)
+    // is reported with how it ended. It is this process's child (`rst_sibling`).
+    if let Some(how) = died_within(info.root_pid, SETTLE) {
+        return Err(EngineError::ToolFailed {
+            what: "criu restore".into(),
+            detail: format!(
+                "the restored tree did not stay alive: pid {} {how} within {} ms of the restore",
+                info.root_pid,
+                SETTLE.as_millis()
+            ),
+            log: Some(image.criu_log("restore")),
+        });
+    }
     info!(pid = info.root_pid, "process tree restored");
     Ok(Restored {
         pid: info.root_pid,
