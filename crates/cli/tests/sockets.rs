@@ -278,3 +278,80 @@ fn no_tcp_established_closes_connections_at_checkpoint_and_at_restore() {
     // The original never noticed.
     h.wait_lines(2);
 }
+
+/// A process tree (CRIU's RPC, where `tcp-close` goes through a wrapper around `criu`): a
+/// connection held across a leave-running checkpoint comes back closed after a restore (its peer
+/// went on with the original), and `--no-tcp-established` at the checkpoint works too.
+#[test]
+fn a_process_tree_with_a_held_connection_restores_with_it_closed() {
+    if !ready("a_process_tree_with_a_held_connection_restores_with_it_closed") {
+        return;
+    }
+    let w = World::new();
+    let (line, stream) = (free_port(), free_port());
+    let counter = repo().join("target/images/counter/rootfs/stasis-counter");
+    for (round, extra) in [(0, &[][..]), (1, &["--no-tcp-established"][..])] {
+        let mut child = Command::new("setsid")
+            .arg(&counter)
+            .env("STATE_MB", "8")
+            .env("LISTEN_PORT", line.to_string())
+            .env("STREAM_PORT", stream.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ask_port(line).is_none() {
+            assert!(Instant::now() < deadline, "the counter does not answer");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let s = TcpStream::connect(("127.0.0.1", stream)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut held = BufReader::new(s);
+        let mut l = String::new();
+        held.read_line(&mut l).unwrap();
+        let mut args = vec!["checkpoint", "process", "--workload", "proc"];
+        let pid_s = pid.to_string();
+        args.insert(2, &pid_s);
+        args.extend_from_slice(extra);
+        w.stasis(&args).expect_ok(&format!(
+            "checkpoint process {extra:?} with a held connection"
+        ));
+        l.clear();
+        held.read_line(&mut l)
+            .expect("the held connection survives the checkpoint");
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let log = w.path(&format!("after-{round}.log"));
+        let run = w.stasis(&[
+            "restore",
+            "proc/latest",
+            "--process",
+            "--log",
+            log.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        let out = run.expect_ok("restore --process");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(report["tcp"]["tcp"], "close", "{report}");
+        assert_eq!(report["tcp"]["connections"], 1, "{report}");
+        let s = stasis_engine::sockets::scan(&[pid as i32]);
+        assert!(s.connections.is_empty(), "restored connections: {s:?}");
+        let answer = ask_port(line).expect("the restored process does not answer");
+        assert!(answer.ends_with("state=ok"), "{answer}");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::SIGKILL,
+        );
+        // Reaped by tini (the tree was re-parented to it after the restore): wait for the pid.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(Instant::now() < deadline, "pid {pid} is not reaped");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
