@@ -23,9 +23,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -785,114 +783,128 @@ impl Cluster for KubeCluster {
     }
 }
 
-/// Namespace data keys from Secrets in stasis's namespace (see [`crate::keys`]).
+/// Where the data keys come from.
+pub enum KeyOrigin {
+    /// The Secrets in stasis's namespace, unwrapped here with the cluster key (every agent holds
+    /// it: the chart's default until the key broker is on).
+    ClusterKey {
+        client: Client,
+        namespace: String,
+        ring: Arc<ClusterKey>,
+    },
+    /// stasis-controller's key broker, which hands this node a namespace's key only while a pod
+    /// of that namespace is bound to it ([`BrokerClient`]).
+    Broker(BrokerClient),
+}
+
+/// How long a key the broker handed out is used before it is asked for again (the broker then
+/// refuses once no pod of the namespace is bound to this node any more).
+pub const BROKER_KEY_TTL: Duration = Duration::from_secs(300);
+
+/// Namespace data keys (see [`crate::keys`]), cached.
 pub struct SecretKeys {
-    pub client: Client,
     pub rt: Handle,
-    pub namespace: String,
-    pub cluster_key: Arc<ClusterKey>,
-    cache: Mutex<HashMap<String, Key>>,
+    pub origin: KeyOrigin,
+    cache: Mutex<HashMap<String, (Key, Instant)>>,
 }
 
 impl SecretKeys {
-    pub fn new(
-        client: Client,
-        rt: Handle,
-        namespace: String,
-        cluster_key: Arc<ClusterKey>,
-    ) -> Self {
+    pub fn new(rt: Handle, origin: KeyOrigin) -> Self {
         Self {
-            client,
             rt,
-            namespace,
-            cluster_key,
+            origin,
             cache: Mutex::new(HashMap::new()),
         }
     }
 
-    fn unwrap_secret(&self, ns: &str, s: &Secret) -> Result<Key> {
-        let wrapped = s
-            .data
-            .as_ref()
-            .and_then(|d| d.get(keys::SECRET_FIELD))
-            .ok_or_else(|| {
-                AgentError::Kube(format!(
-                    "Secret {} has no {} field",
-                    keys::secret_name(ns),
-                    keys::SECRET_FIELD
-                ))
-            })?;
-        let secret = self.cluster_key.unwrap(ns, &wrapped.0)?;
-        Ok(Key::from_secret(&secret))
-    }
-
     async fn load(&self, ns: &str) -> Result<Key> {
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let name = keys::secret_name(ns);
-        if let Some(s) = api.get_opt(&name).await.map_err(api_err)? {
-            return self.unwrap_secret(ns, &s);
-        }
-        // Absent: create it. Create-only, never update: if another agent (or the controller)
-        // created it first, our create fails with 409 and we use theirs.
-        let data_key = keys::new_data_key()?;
-        let wrapped = self.cluster_key.wrap(ns, &data_key)?;
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(self.namespace.clone()),
-                labels: Some(BTreeMap::from([(
-                    keys::NAMESPACE_LABEL.to_owned(),
-                    ns.to_owned(),
-                )])),
-                annotations: Some(BTreeMap::from([(
-                    keys::CLUSTER_KEY_ID_ANNOTATION.to_owned(),
-                    self.cluster_key.id().to_owned(),
-                )])),
-                ..Default::default()
-            },
-            type_: Some("Opaque".into()),
-            immutable: Some(true),
-            data: Some(BTreeMap::from([(
-                keys::SECRET_FIELD.to_owned(),
-                ByteString(wrapped),
-            )])),
-            ..Default::default()
+        let secret = match &self.origin {
+            KeyOrigin::ClusterKey {
+                client,
+                namespace,
+                ring,
+            } => keys::load_or_create(client, namespace, ns, ring)
+                .await
+                .map_err(|e| match e {
+                    keys::DataKeyError::Key(k) => AgentError::Key(k),
+                    keys::DataKeyError::Kube(m) => AgentError::Kube(m),
+                })?,
+            KeyOrigin::Broker(b) => b.key(ns).await?,
         };
-        match api.create(&PostParams::default(), &secret).await {
-            Ok(_) => {
-                info!(namespace = %ns, "created the namespace's data key");
-                Ok(Key::from_secret(&data_key))
-            }
-            Err(e) if is_status(&e, 409) => {
-                let s = api.get(&name).await.map_err(api_err)?;
-                self.unwrap_secret(ns, &s)
-            }
-            Err(e) if is_status(&e, 403) => Err(AgentError::Kube(format!(
-                "the data key Secret {}/{name} does not exist and this agent may not create it \
-                 (its Role in {} needs `create` on secrets): {e}",
-                self.namespace, self.namespace
-            ))),
-            Err(e) => Err(api_err(e)),
-        }
+        Ok(Key::from_secret(&secret))
     }
 }
 
 impl KeySource for SecretKeys {
     fn key(&self, namespace: &str) -> Result<Key> {
-        if let Some(k) = self
+        let ttl = match self.origin {
+            KeyOrigin::ClusterKey { .. } => None,
+            KeyOrigin::Broker(_) => Some(BROKER_KEY_TTL),
+        };
+        if let Some((k, at)) = self
             .cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(namespace)
         {
-            return Ok(k.clone());
+            if ttl.is_none_or(|t| at.elapsed() < t) {
+                return Ok(k.clone());
+            }
         }
         let k = self.rt.block_on(self.load(namespace))?;
         self.cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(namespace.to_owned(), k.clone());
+            .insert(namespace.to_owned(), (k.clone(), Instant::now()));
         Ok(k)
+    }
+}
+
+/// The agent's side of stasis-controller's key broker: `GET /v1/keys/<namespace>` over HTTPS
+/// (the controller's certificate checked against the CA the chart gives), authenticated by the
+/// agent pod's projected service-account token for the broker's audience (re-read from its file
+/// as the kubelet renews it).
+pub struct BrokerClient {
+    client: Client,
+}
+
+impl BrokerClient {
+    /// A client of the broker at `url` (`https://<service>.<namespace>.svc:<port>`), trusting
+    /// the PEM CA in `ca`, presenting the token in `token_file`.
+    pub fn new(url: &str, ca: &std::path::Path, token_file: &std::path::Path) -> Result<Self> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+        let bad = |what: String| AgentError::Invalid(format!("key broker: {what}"));
+        let roots = CertificateDer::pem_file_iter(ca)
+            .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+            .map_err(|e| bad(format!("CA {}: {e}", ca.display())))?
+            .into_iter()
+            .map(|c| c.as_ref().to_vec())
+            .collect::<Vec<_>>();
+        if roots.is_empty() {
+            return Err(bad(format!("CA {} holds no certificate", ca.display())));
+        }
+        let mut cfg = kube::Config::new(url.parse().map_err(|e| bad(format!("URL {url}: {e}")))?);
+        cfg.root_cert = Some(roots);
+        // Re-read as the CA rotates, like the token.
+        cfg.root_cert_file = Some(ca.to_owned());
+        cfg.auth_info.token_file = Some(token_file.display().to_string());
+        let client = Client::try_from(cfg).map_err(|e| bad(e.to_string()))?;
+        Ok(Self { client })
+    }
+
+    async fn key(&self, ns: &str) -> Result<[u8; 32]> {
+        let req = http::Request::get(format!("{}{ns}", keys::BROKER_PATH))
+            .body(Vec::new())
+            .map_err(|e| AgentError::Invalid(e.to_string()))?;
+        let grant: keys::KeyGrant = self.client.request(req).await.map_err(|e| {
+            AgentError::Kube(format!(
+                "the key broker gave no data key for namespace {ns}: {e}"
+            ))
+        })?;
+        grant.secret().map_err(|why| {
+            AgentError::Kube(format!("the key broker's answer for namespace {ns}: {why}"))
+        })
     }
 }
 

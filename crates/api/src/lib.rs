@@ -21,6 +21,7 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod condition;
+pub mod keys;
 pub mod lineage;
 pub mod pod;
 pub mod policy;

@@ -94,6 +94,20 @@ pub struct RunArgs {
     /// it). Off when the operator brings their own Secret: then a missing one is an error.
     #[arg(long, env = "STASIS_CREATE_CLUSTER_KEY")]
     pub create_cluster_key: bool,
+    /// Serve the key broker (`crate::broker`): agents ask it for data keys instead of holding
+    /// the cluster key. Needs `--cluster-key-secret` and the TLS certificate of the webhook.
+    #[arg(long, env = "STASIS_KEY_BROKER")]
+    pub key_broker: bool,
+    /// The key broker's HTTPS listener.
+    #[arg(long, env = "STASIS_KEY_BROKER_ADDR", default_value = "0.0.0.0:8444")]
+    pub key_broker_addr: SocketAddr,
+    /// The agents' service account (in `--namespace`): the only one the broker serves.
+    #[arg(
+        long,
+        env = "STASIS_AGENT_SERVICE_ACCOUNT",
+        default_value = "stasis-agent"
+    )]
+    pub agent_service_account: String,
     /// Do not serve the webhook.
     #[arg(long)]
     pub no_webhook: bool,
@@ -220,6 +234,31 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         tracing::info!(secret = %name, ?outcome, "cluster key");
     }
     let metrics = Metrics::default();
+    if a.key_broker {
+        let name = a.cluster_key_secret.as_deref().ok_or_else(|| {
+            anyhow::anyhow!("--key-broker needs --cluster-key-secret (the key it unwraps with)")
+        })?;
+        let ring = crate::broker::load_ring(&client, &namespace, name).await?;
+        tracing::info!(cluster_key = %ring.id(), retired = ?ring.retired_ids(), "key broker: cluster key loaded");
+        let tls =
+            server::tls_acceptor(&a.tls_cert, &a.tls_key, None).map_err(anyhow::Error::msg)?;
+        let broker = Arc::new(crate::broker::Broker::new(
+            client.clone(),
+            &namespace,
+            &format!(
+                "system:serviceaccount:{namespace}:{}",
+                a.agent_service_account
+            ),
+            &a.runtime_class,
+            ring,
+        ));
+        let (addr, metrics) = (a.key_broker_addr, metrics.clone());
+        tokio::spawn(async move {
+            if let Err(e) = server::serve_broker(addr, tls, broker, metrics).await {
+                tracing::error!(error = %e, "key broker");
+            }
+        });
+    }
     tokio::spawn(server::serve_metrics(
         a.metrics_addr,
         metrics.clone(),

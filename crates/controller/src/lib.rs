@@ -14,6 +14,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod broker;
 pub mod cluster_key;
 pub mod controller;
 pub mod keys;

@@ -235,6 +235,65 @@ pub async fn serve_webhook(
     Ok(())
 }
 
+/// The key broker (`GET /v1/keys/<namespace>`, bearer token) on `addr` over HTTPS
+/// (`crate::broker`). Answers the data key as [`stasis_api::keys::KeyGrant`] JSON, or a
+/// Kubernetes `Status` naming why not (401, 403, 503).
+pub async fn serve_broker(
+    addr: SocketAddr,
+    tls: TlsAcceptor,
+    broker: Arc<crate::broker::Broker>,
+    metrics: Metrics,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "key broker");
+    serve(listener, Some(tls), move |req: Request<Incoming>| {
+        let broker = broker.clone();
+        let metrics = metrics.clone();
+        async move {
+            let path = req.uri().path().to_owned();
+            let Some(ns) = path.strip_prefix(stasis_api::keys::BROKER_PATH) else {
+                return reply(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+            };
+            if req.method() != Method::GET {
+                return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET\n");
+            }
+            let token = req
+                .headers()
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            match broker.grant(&token, ns).await {
+                Ok(k) => reply(
+                    StatusCode::OK,
+                    "application/json",
+                    serde_json::to_string(&stasis_api::keys::KeyGrant::new(ns, &k))
+                        .unwrap_or_default(),
+                ),
+                Err(r) => {
+                    metrics.refused(r.label());
+                    tracing::warn!(namespace = %ns, refusal = %r, "key request refused");
+                    let code = r.code();
+                    let status = serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "code": code, "message": r.to_string(),
+                        "reason": match code { 401 => "Unauthorized", 403 => "Forbidden", _ => "ServiceUnavailable" },
+                    });
+                    reply(
+                        StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN),
+                        "application/json",
+                        status.to_string(),
+                    )
+                }
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,12 @@
 # builds into its cache) on free local ports, installs the CRDs and the policies as `helm
 # template` renders them, and checks, as users of different rights (`kubectl --as`), what the
 # API server refuses: a pod created with a restore decision by someone who may not restore, any
-# change of stasis.dev/ keys of a pod or checkpoint by anyone but stasis.
+# change of stasis.dev/ keys of a pod or checkpoint by anyone but stasis. With the controller
+# binary as argument, also its key broker (`--key-broker`) against real bound service-account
+# tokens (`kubectl create token --bound-object-kind Pod`, whose TokenReview names the pod's node):
+# a data key only for the agent of a node that holds an opted-in pod of the namespace.
+#
+# Usage: admission-policy.sh [<stasis-controller>]
 #
 # Exit 0: all checks pass. Exit 1: a check failed. Exit 77: skipped (binaries not built yet) —
 # printed, never silent.
@@ -238,6 +243,90 @@ allowed "... and its update" kubectl --as=bob -n prod patch deployment api --typ
 kubectl create namespace "$SNS" >/dev/null
 allowed "stasis's own Deployment in the release namespace (its pods labelled stasis.dev/system)" \
     bash -c "$(declare -f deploy); deploy stasis-controller '{}' | sed 's/\"labels\":{\"app\":\"stasis-controller\"}/\"labels\":{\"app\":\"stasis-controller\",\"stasis.dev\/system\":\"true\"}/' | $kubectl -n $SNS create -f - >/dev/null"
+
+# The key broker (crates/controller/src/broker.rs): the agent's bound token names its node.
+controller_bin="${1:-}"
+if [[ -n $controller_bin ]]; then
+    kubectl -n "$SNS" create serviceaccount stasis-agent >/dev/null
+    kubectl -n "$SNS" create serviceaccount default >/dev/null
+    kubectl create namespace other >/dev/null
+    kubectl -n other create serviceaccount default >/dev/null
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: stasis}
+handler: stasis
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: agent-1, namespace: $SNS}
+spec: {nodeName: node-1, serviceAccountName: stasis-agent, containers: [{name: c, image: i}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: agent-2, namespace: $SNS}
+spec: {nodeName: node-2, serviceAccountName: stasis-agent, containers: [{name: c, image: i}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: app-1, namespace: prod}
+spec: {nodeName: node-1, runtimeClassName: stasis, containers: [{name: c, image: i}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: plain-1, namespace: other}
+spec: {nodeName: node-1, containers: [{name: c, image: i}]}
+EOF
+    (cd "$work" && openssl req -x509 -newkey rsa:2048 -nodes -keyout tls.key -out tls.crt -days 1 \
+        -subj /CN=localhost -addext subjectAltName=DNS:localhost 2>/dev/null)
+    broker_port="$(free_port)"
+    "$controller_bin" run --namespace "$SNS" --no-webhook --key-broker --key-broker-addr "127.0.0.1:$broker_port" \
+        --cluster-key-secret stasis-cluster-key --create-cluster-key --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
+        --metrics-addr "127.0.0.1:$(free_port)" >"$work/controller.log" 2>&1 &
+    pids+=($!)
+    aud=stasis.dev/key-broker
+    token() { kubectl create token "$1" -n "$2" --audience "$aud" --bound-object-kind Pod --bound-object-name "$3"; }
+    t1=$(token stasis-agent "$SNS" agent-1)
+    t2=$(token stasis-agent "$SNS" agent-2)
+    t_api=$(kubectl create token stasis-agent -n "$SNS" --bound-object-kind Pod --bound-object-name agent-1)
+    t_app=$(token default prod app-1)
+    t_unbound=$(kubectl create token stasis-agent -n "$SNS" --audience "$aud")
+    # key <token> <namespace>: the HTTP code and body
+    key() { curl -sS --cacert "$work/tls.crt" -H "Authorization: Bearer $1" -w ' %{http_code}' "https://localhost:$broker_port/v1/keys/$2" 2>&1; }
+    for _ in $(seq 60); do curl -s --cacert "$work/tls.crt" "https://localhost:$broker_port/" >/dev/null 2>&1 && break; sleep 0.5; done
+    # expect <what> <code> <fragment> <token> <namespace>
+    expect() {
+        local out; out="$(key "$4" "$5")"
+        if [[ $out == *" $2" && $out == *"$3"* ]]; then pass "key broker: $1 ($2)"; else fail "key broker: $1: $out"; fi
+    }
+    expect "the agent of node-1, which holds an opted-in pod of prod, gets prod's key" 200 '"key":"' "$t1" prod
+    if [[ $(kubectl -n "$SNS" get secret stasis-key-prod -o jsonpath='{.data.wrapped}' | base64 -d | wc -c) == 61 ]]; then
+        pass "key broker: prod's data key kept wrapped by the cluster key in $SNS/stasis-key-prod"
+    else
+        fail "key broker: no wrapped data key Secret"
+    fi
+    expect "a namespace with no opted-in pod on the node (other: only a plain pod)" 403 "no pod of namespace other" "$t1" other
+    expect "the agent of node-2, where no pod of prod is" 403 "bound to node node-2" "$t2" prod
+    expect "the agent's token for the API server (wrong audience)" 401 "does not authenticate" "$t_api" prod
+    expect "another service account's bound token" 403 "only stasis's node agents" "$t_app" prod
+    expect "the agent's token bound to no pod (no node claim)" 403 "names no node" "$t_unbound" prod
+    expect "no token" 401 "no bearer token" "" prod
+    expect "a garbage token" 401 "does not authenticate" "not-a-token" prod
+    kubectl -n prod delete pod app-1 --grace-period=0 --force --wait=false >/dev/null 2>&1
+    for _ in $(seq 20); do kubectl -n prod get pod app-1 >/dev/null 2>&1 || break; sleep 0.5; done
+    expect "once prod's pod is gone from node-1, its key is not given any more" 403 "no pod of namespace prod" "$t1" prod
+    if ((failures)); then echo "--- controller log (tail)" >&2; tail -20 "$work/controller.log" >&2; fi
+else
+    echo "skip key broker: no stasis-controller binary given"
+fi
 
 if ((failures)); then
     echo "admission-policy: $failures check(s) failed" >&2

@@ -10,6 +10,7 @@ fn admission_policies_against_a_real_apiserver() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/admission-policy.sh");
     let out = Command::new("bash")
         .arg(script)
+        .arg(env!("CARGO_BIN_EXE_stasis-controller"))
         .output()
         .expect("run tests/admission-policy.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -1,7 +1,8 @@
 //! Per-namespace data keys, wrapped by the cluster key (AES-256-GCM through `ring`).
 //!
-//! - The cluster key: 32 bytes, from a file (the chart mounts a Secret into the agent): raw 32
-//!   bytes, or 64 hex digits (whitespace around them ignored).
+//! - The cluster key: 32 bytes, raw or 64 hex digits (whitespace around them ignored), in a
+//!   Secret only stasis-controller reads when its key broker is on (then agents ask the broker for
+//!   the data keys of the namespaces they hold pods of); otherwise mounted into every agent.
 //! - A namespace's data key: 32 random bytes, the secret of a [`stasis_store::Key`]; stored
 //!   only wrapped, in a Secret in stasis's own namespace (never where workload pods can mount
 //!   it): `stasis-key-<namespace>`, data `wrapped` = `v1` ‖ nonce (12) ‖ ciphertext+tag (48).
@@ -228,6 +229,123 @@ pub fn new_data_key() -> Result<[u8; 32], KeyError> {
 /// The Secret holding `namespace`'s wrapped data key.
 pub fn secret_name(namespace: &str) -> String {
     format!("{SECRET_PREFIX}{namespace}")
+}
+
+/// Path prefix of the key broker's endpoint: `GET /v1/keys/<namespace>` on stasis-controller's
+/// broker port, with `Authorization: Bearer <the agent pod's projected token>`.
+pub const BROKER_PATH: &str = "/v1/keys/";
+/// The audience of the token an agent presents to the key broker (a projected
+/// service-account token for this audience only, so it is good for nothing else, and no
+/// token meant for the API server is accepted by the broker).
+pub const BROKER_AUDIENCE: &str = "stasis.dev/key-broker";
+/// The extra of an authenticated bound service-account token that names the node of the pod it
+/// is bound to (Kubernetes ≥ 1.30; `k8s.io/apiserver/pkg/authentication/serviceaccount`'s
+/// `NodeNameKey`). The broker takes the agent's node from it and nothing else.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// The key broker's answer: the data key of a namespace (64 hex digits).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyGrant {
+    pub namespace: String,
+    pub key: String,
+}
+
+impl KeyGrant {
+    pub fn new(namespace: &str, secret: &[u8; 32]) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            key: hex::encode(secret),
+        }
+    }
+
+    /// The data key's 32 bytes.
+    pub fn secret(&self) -> Result<[u8; 32], String> {
+        let mut k = [0u8; 32];
+        hex::decode_to_slice(self.key.trim(), &mut k)
+            .map_err(|e| format!("not 64 hex digits: {e}"))?;
+        Ok(k)
+    }
+}
+
+/// Why a namespace's data key could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum DataKeyError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("{0}")]
+    Kube(String),
+}
+
+/// The data key of `namespace` from its Secret in stasis's namespace `home`, unwrapped with
+/// `ring`; created (random, wrapped with the current cluster key) when absent. Create-only,
+/// never update: when another component created it first, the create fails with 409 and theirs
+/// is used.
+#[cfg(feature = "runtime")]
+pub async fn load_or_create(
+    client: &kube::Client,
+    home: &str,
+    namespace: &str,
+    ring: &ClusterKey,
+) -> Result<[u8; 32], DataKeyError> {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::ByteString;
+    use kube::api::{Api, PostParams};
+    use std::collections::BTreeMap;
+
+    let api: Api<Secret> = Api::namespaced(client.clone(), home);
+    let name = secret_name(namespace);
+    let kube_err = |e: kube::Error| DataKeyError::Kube(format!("Secret {home}/{name}: {e}"));
+    let unwrap = |s: &Secret| -> Result<[u8; 32], DataKeyError> {
+        let wrapped = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get(SECRET_FIELD))
+            .ok_or_else(|| {
+                DataKeyError::Kube(format!("Secret {home}/{name} has no {SECRET_FIELD} field"))
+            })?;
+        Ok(ring.unwrap(namespace, &wrapped.0)?)
+    };
+    if let Some(s) = api.get_opt(&name).await.map_err(kube_err)? {
+        return unwrap(&s);
+    }
+    let data_key = new_data_key()?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(home.to_owned()),
+            labels: Some(BTreeMap::from([(
+                NAMESPACE_LABEL.to_owned(),
+                namespace.to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                CLUSTER_KEY_ID_ANNOTATION.to_owned(),
+                ring.id().to_owned(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(BTreeMap::from([(
+            SECRET_FIELD.to_owned(),
+            ByteString(ring.wrap(namespace, &data_key)?),
+        )])),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            tracing::info!(namespace, "created the namespace's data key");
+            Ok(data_key)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            unwrap(&api.get(&name).await.map_err(kube_err)?)
+        }
+        Err(kube::Error::Api(e)) if e.code == 403 => Err(DataKeyError::Kube(format!(
+            "the data key Secret {home}/{name} does not exist and may not be created here \
+             (`create` on secrets in {home} is needed): {e}"
+        ))),
+        Err(e) => Err(kube_err(e)),
+    }
 }
 
 #[cfg(test)]
