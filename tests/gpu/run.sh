@@ -261,13 +261,13 @@ fi
 WPID=""
 if ((TORCH)); then
   say "== workload: ${GIB} GiB of random data on the GPU"
-  free_gib=$(df -BG --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
+  free_mib=$(df -BM --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
   SAVE=(--save "$WORK/saved")
-  # saved tensors + the store + one checkpoint's images at a time, with room
-  need=$(python3 -c "import math; print(math.ceil(3 * $GIB + 4))")
-  if ((free_gib < need)); then
+  # saved tensors + the store + one checkpoint's images at a time, a quarter more and 512 MiB
+  need=$(python3 -c "import math; print(math.ceil(3 * $GIB * 1024 * 1.25) + 512)")
+  if ((free_mib < need)); then
     SAVE=()
-    skip "cold start" "only ${free_gib} GiB free on $WORK, ${need} GiB needed for saved tensors, store and images"
+    skip "cold start" "only ${free_mib} MiB free on $WORK, ${need} MiB needed for saved tensors, store and images"
   fi
   # No expandable segments: PyTorch would map them with exportable VMM handles, which the
   # checkpoint API does not support (CUDA_ERROR_NOT_SUPPORTED).
@@ -365,12 +365,12 @@ stasis_gpu() {
 }
 
 if [[ -n $WPID ]] && ((API)) && ((CRIU_OK)); then
-  free_gib=$(df -BG --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
-  need=$(python3 -c "import math; print(math.ceil(2.5 * $GIB + 3))")
+  free_mib=$(df -BM --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
+  need=$(python3 -c "import math; print(math.ceil(2 * $GIB * 1024 * 1.25) + 512)")
   # stop + restore: two CRIU passes over the data and a store round trip.
   need_s=$(python3 -c "import math; print(math.ceil(45 + 25 * $GIB))")
-  if ((free_gib < need)); then
-    skip "CRIU part" "only ${free_gib} GiB free on $WORK, ${need} GiB needed for the store and the images"
+  if ((free_mib < need)); then
+    skip "CRIU part" "only ${free_mib} MiB free on $WORK, ${need} MiB needed for the store and the images"
   elif (($(left) < need_s)); then
     skip "CRIU part" "only $(left) s of the budget left, ${need_s} s needed at ${GIB} GiB"
   else
