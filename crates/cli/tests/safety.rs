@@ -268,6 +268,41 @@ fn a_refused_or_failed_restore_leaves_nothing_and_cites_a_log_that_exists() {
     );
     assert_eq!(w.status("b7-small"), None);
 
+    // A limit the checkpoint's pages just fit in: CRIU (or the restored process) is killed for
+    // memory half-way, leaving its cgroup yard mounted under the work dir if nothing unmounts it.
+    let pages = {
+        let m = w
+            .stasis(&["inspect", "counter/latest", "-o", "json"])
+            .json();
+        m["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["path"].as_str().unwrap().starts_with("criu/pages-"))
+            .map(|f| f["size"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let tight = w.bundle("bundle-tight", &["STATE_MB=32"]);
+    edit_config(&tight, |v| {
+        v["linux"]["resources"]["memory"] = serde_json::json!({ "limit": pages })
+    });
+    let err = restore_into(&w, &tight, "b7-tight", &[]).expect_err("restore into a tight limit");
+    assert!(
+        err.contains("memory limit") && err.contains("SIGKILL"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("log file: ") && !err.contains("/work/restore-"),
+        "the error names a path in the removed scratch dir: {err}"
+    );
+    assert_eq!(w.status("b7-tight"), None);
+    assert!(
+        mounts_under(&w.path("work")).is_empty(),
+        "{:?}",
+        mounts_under(&w.path("work"))
+    );
+    assert!(scratch_left(&w).is_empty(), "{:?}", scratch_left(&w));
+
     // CRIU fails: the binary is not in the target rootfs.
     let broken = w.bundle("bundle-broken", &["STATE_MB=32"]);
     std::fs::remove_file(broken.join("rootfs/stasis-counter")).unwrap();

@@ -146,6 +146,15 @@ pub fn runc_log_errors(log: &Path) -> Option<String> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| matches!(v["level"].as_str(), Some("error" | "fatal")))
         .filter_map(|v| v["msg"].as_str().map(str::to_owned))
+        // runc points at CRIU's log in the work directory, which the caller cites (and keeps)
+        // itself: the path runc names is gone by the time anyone reads the message.
+        .map(|m| {
+            m.lines()
+                .filter(|l| !l.trim_start().starts_with("log file:"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|m| !m.trim().is_empty())
         .collect();
     if msgs.is_empty() {
         return None;
@@ -167,9 +176,40 @@ pub fn failure_detail(
         (!t.is_empty()).then_some(t)
     });
     match (criu, runc) {
+        // "criu failed: type NOTIFY errno 0" adds nothing to CRIU's own lines.
+        (Some(c), Some(r)) if r.starts_with("criu failed") => c,
         (Some(c), Some(r)) => format!("{c} (runc: {r})"),
         (Some(c), None) => c,
         (None, Some(r)) => format!("runc: {r} ({status})"),
         (None, None) => format!("{status}, with no message from runc or CRIU"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runc_messages_leave_out_the_log_path_runc_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runc.log");
+        std::fs::write(
+            &log,
+            concat!(
+                r#"{"level":"info","msg":"starting"}"#,
+                "\n",
+                r#"{"level":"error","msg":"criu failed: type NOTIFY errno 0\nlog file: /w/restore-1-0a1b2c3d/criu/restore.log"}"#,
+                "\n",
+                r#"{"level":"error","msg":"container with given ID already exists"}"#,
+                "\n"
+            ),
+        )
+        .unwrap();
+        let m = runc_log_errors(&log).unwrap();
+        assert_eq!(
+            m,
+            "criu failed: type NOTIFY errno 0 | container with given ID already exists"
+        );
+        assert!(runc_log_errors(&dir.path().join("none")).is_none());
     }
 }
