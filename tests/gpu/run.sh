@@ -263,8 +263,8 @@ if ((TORCH)); then
   say "== workload: ${GIB} GiB of random data on the GPU"
   free_mib=$(df -BM --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
   SAVE=(--save "$WORK/saved")
-  # saved tensors + the store + one checkpoint's images at a time, a quarter more and 512 MiB
-  need=$(python3 -c "import math; print(math.ceil(3 * $GIB * 1024 * 1.25) + 512)")
+  # saved tensors + the store + one checkpoint's images at a time, a quarter more and 256 MiB
+  need=$(python3 -c "import math; print(math.ceil(3 * $GIB * 1024 * 1.25) + 256)")
   if ((free_mib < need)); then
     SAVE=()
     skip "cold start" "only ${free_mib} MiB free on $WORK, ${need} MiB needed for saved tensors, store and images"
@@ -366,7 +366,7 @@ stasis_gpu() {
 
 if [[ -n $WPID ]] && ((API)) && ((CRIU_OK)); then
   free_mib=$(df -BM --output=avail "$WORK" | tail -n1 | tr -dc 0-9)
-  need=$(python3 -c "import math; print(math.ceil(2 * $GIB * 1024 * 1.25) + 512)")
+  need=$(python3 -c "import math; print(math.ceil(2 * $GIB * 1024 * 1.25) + 256)")
   # stop + restore: two CRIU passes over the data and a store round trip.
   need_s=$(python3 -c "import math; print(math.ceil(45 + 25 * $GIB))")
   if ((free_mib < need)); then
