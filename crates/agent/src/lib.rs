@@ -17,12 +17,12 @@ pub mod error;
 pub mod executor;
 pub mod fence;
 pub mod http;
-/// The keyring and data key Secrets, shared with the controller's key broker.
-pub use stasis_api::keys;
+pub mod keys;
 pub mod kube;
 pub mod mem;
 pub mod metrics;
 pub mod node;
+pub mod notice;
 pub mod resolve;
 pub mod run;
 pub mod selector;

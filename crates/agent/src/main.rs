@@ -37,25 +37,6 @@ struct Args {
         default_value = "/etc/stasis/keys/cluster.key"
     )]
     cluster_key: PathBuf,
-    /// The key broker (`https://<controller service>.<namespace>.svc:<port>`): data keys are
-    /// asked of stasis-controller, which gives a namespace's only while a pod of it is bound to
-    /// this node; the cluster key is then neither needed nor read.
-    #[arg(long, env = "STASIS_KEY_BROKER_URL")]
-    key_broker_url: Option<String>,
-    /// PEM CA of the key broker's certificate.
-    #[arg(
-        long,
-        env = "STASIS_KEY_BROKER_CA",
-        default_value = "/etc/stasis/key-broker/ca.crt"
-    )]
-    key_broker_ca: PathBuf,
-    /// The agent pod's projected service-account token for the key broker's audience.
-    #[arg(
-        long,
-        env = "STASIS_KEY_BROKER_TOKEN",
-        default_value = "/var/run/secrets/stasis/key-broker/token"
-    )]
-    key_broker_token: PathBuf,
     /// One data key for every namespace instead of wrapped per-namespace keys (standalone, dev).
     #[arg(long, env = "STASIS_KEY_FILE")]
     key_file: Option<PathBuf>,
@@ -114,6 +95,16 @@ struct Args {
     /// they take the size of the container's memory on disk until the pod leaves the node).
     #[arg(long, env = "STASIS_NO_KEEP_LATEST")]
     no_keep_latest: bool,
+    /// The cloud whose notices of the node's end (spot reclaim, preemption, maintenance) trigger
+    /// checkpoints: auto (from the node's providerID and labels), none, aws, gcp or azure.
+    #[arg(long, env = "STASIS_CLOUD_PROVIDER", default_value = "auto")]
+    cloud_provider: stasis_agent::notice::ProviderChoice,
+    /// The cloud's instance metadata service, instead of the provider's own address.
+    #[arg(long, env = "STASIS_CLOUD_METADATA_URL")]
+    cloud_metadata_url: Option<String>,
+    /// Milliseconds between polls of the metadata service (GCP is long-polled).
+    #[arg(long, env = "STASIS_CLOUD_NOTICE_POLL_MS", default_value_t = 1000)]
+    cloud_notice_poll_ms: u64,
     /// No Kubernetes: serve the node API and metrics only.
     #[arg(long, env = "STASIS_STANDALONE")]
     standalone: bool,
@@ -162,11 +153,6 @@ fn main() -> anyhow::Result<()> {
         runtime_class: a.runtime_class,
         store: a.store,
         cluster_key_file: Some(a.cluster_key),
-        key_broker: a.key_broker_url.map(|url| stasis_agent::run::KeyBroker {
-            url,
-            ca: a.key_broker_ca,
-            token: a.key_broker_token,
-        }),
         key_file: a.key_file,
         runc_root: a.runc_root,
         socket: a.socket,
@@ -181,6 +167,11 @@ fn main() -> anyhow::Result<()> {
         tcp_established: !a.no_tcp_established,
         keep_latest: !a.no_keep_latest,
         standalone: a.standalone,
+        cloud: stasis_agent::notice::NoticeSettings {
+            provider: a.cloud_provider,
+            metadata_url: a.cloud_metadata_url,
+            poll: std::time::Duration::from_millis(a.cloud_notice_poll_ms.max(100)),
+        },
     };
     stasis_agent::run::run(cfg, &rt).context("stasisd")?;
     Ok(())

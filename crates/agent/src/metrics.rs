@@ -7,6 +7,7 @@
 //! - `stasis_agent_checkpoint_bytes_total{kind}`: `logical` (captured), `uploaded` (new, stored);
 //!   `stasis_agent_fetched_bytes_total`
 //! - `stasis_agent_errors_total{kind}` (kinds: `AgentError::kind`)
+//! - `stasis_agent_cloud_notices_total{kind}` (the cloud announced the node's end)
 //! - `stasis_agent_up` 1, `stasis_agent_ready` (the node-ready checks)
 
 use std::collections::BTreeMap;
@@ -56,6 +57,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "Bytes of checkpoints fetched and verified for restores.",
     ),
     ("stasis_agent_errors_total", "counter", "Errors by kind."),
+    (
+        "stasis_agent_cloud_notices_total",
+        "counter",
+        "Notices of the node's end from its cloud, by kind (Reclaim, Maintenance, RebalanceRecommendation).",
+    ),
 ];
 
 impl Metrics {
@@ -72,6 +78,9 @@ impl Metrics {
     }
     pub fn error(&self, kind: &str) {
         self.inc("stasis_agent_errors_total", kind, 1);
+    }
+    pub fn notice(&self, kind: &str) {
+        self.inc("stasis_agent_cloud_notices_total", kind, 1);
     }
     pub fn checkpoint_bytes(&self, logical: u64, uploaded: u64) {
         self.inc("stasis_agent_checkpoint_bytes_total", "logical", logical);

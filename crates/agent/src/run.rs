@@ -17,17 +17,6 @@ use crate::keys::ClusterKey;
 use crate::metrics::Metrics;
 use crate::node::{Agent, Busy, Standalone};
 
-/// Where the key broker is and how to reach it.
-#[derive(Debug, Clone)]
-pub struct KeyBroker {
-    /// `https://<controller service>.<namespace>.svc:<port>`.
-    pub url: String,
-    /// PEM CA of the broker's certificate.
-    pub ca: PathBuf,
-    /// The projected service-account token for the broker's audience.
-    pub token: PathBuf,
-}
-
 /// Everything the agent is configured with (the binary fills it from flags and environment).
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -37,9 +26,6 @@ pub struct Config {
     pub runtime_class: String,
     pub store: String,
     pub cluster_key_file: Option<PathBuf>,
-    /// Data keys from stasis-controller's key broker instead of the cluster key (which the node
-    /// then never holds).
-    pub key_broker: Option<KeyBroker>,
     pub key_file: Option<PathBuf>,
     pub runc_root: PathBuf,
     pub socket: PathBuf,
@@ -55,6 +41,8 @@ pub struct Config {
     /// Keep each container's latest checkpoint images on the node (restarts in place).
     pub keep_latest: bool,
     pub standalone: bool,
+    /// The cloud notice watcher (spot reclaim, preemption, maintenance).
+    pub cloud: crate::notice::NoticeSettings,
 }
 
 async fn shutdown_signal() {
@@ -81,26 +69,14 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
     };
     let keys: Arc<dyn KeySource> = match (&cfg.key_file, &cfg.cluster_key_file, &client) {
         (Some(k), _, _) => Arc::new(StaticKey(Key::load(k)?)),
-        (None, _, Some(_)) if cfg.key_broker.is_some() => {
-            let b = cfg.key_broker.as_ref().expect("checked");
-            let _guard = rt.enter();
-            let broker = crate::kube::BrokerClient::new(&b.url, &b.ca, &b.token)?;
-            tracing::info!(url = %b.url, "data keys from the key broker; no cluster key on this node");
-            Arc::new(crate::kube::SecretKeys::new(
-                rt.handle().clone(),
-                crate::kube::KeyOrigin::Broker(broker),
-            ))
-        }
         (None, Some(ck), Some(client)) => {
             let ring = ClusterKey::load(ck).map_err(AgentError::io(ck))??;
             tracing::info!(cluster_key = %ring.id(), retired = ?ring.retired_ids(), "cluster key loaded");
             Arc::new(crate::kube::SecretKeys::new(
+                client.clone(),
                 rt.handle().clone(),
-                crate::kube::KeyOrigin::ClusterKey {
-                    client: client.clone(),
-                    namespace: cfg.namespace.clone(),
-                    ring: Arc::new(ring),
-                },
+                cfg.namespace.clone(),
+                Arc::new(ring),
             ))
         }
         _ => {
@@ -164,6 +140,11 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
                 busy.clone(),
             ))?;
             let t = crate::kube::label_loop(&running, settings.clone(), stop.clone());
+            rt.spawn(crate::notice::run(
+                running.cluster.clone(),
+                cfg.cloud.clone(),
+                stop.clone(),
+            ));
             (
                 Arc::new(Agent {
                     exec: exec.clone(),

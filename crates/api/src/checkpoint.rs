@@ -74,8 +74,11 @@ pub enum CheckpointReason {
     Manual,
     /// Memory usage crossed the policy's `triggers.memoryPercent`.
     MemoryPressure,
-    /// The node is about to be reclaimed.
+    /// The cloud announced that it reclaims the node (spot interruption, preemption) or
+    /// recommended moving off it (AWS rebalance recommendation).
     SpotNotice,
+    /// The cloud announced maintenance that stops, reboots or pauses the node.
+    MaintenanceNotice,
 }
 
 /// Where a checkpoint is in its life.

@@ -111,8 +111,8 @@ impl Default for Retention {
     }
 }
 
-/// Event triggers. Recorded now; the agent acts on them as its watchers land.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// Checkpoints on events other than the heartbeat.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Triggers {
     /// Checkpoint when a container's memory usage crosses this percentage of its limit (before
@@ -120,9 +120,21 @@ pub struct Triggers {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub memory_percent: Option<i32>,
-    /// Checkpoint when the cloud announces a spot/preemptible reclaim of the node.
-    #[serde(default)]
+    /// Checkpoint every selected pod of a node, most valuable first, when the node's cloud
+    /// announces its end (a spot reclaim or preemption, maintenance that stops it, AWS's
+    /// rebalance recommendation); the node is tainted `stasis.dev/notice` so replacements go
+    /// elsewhere. Default true.
+    #[serde(default = "default_true")]
     pub spot_notice: bool,
+}
+
+impl Default for Triggers {
+    fn default() -> Self {
+        Self {
+            memory_percent: None,
+            spot_notice: true,
+        }
+    }
 }
 
 /// Store and key for a policy's checkpoints.

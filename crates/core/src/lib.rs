@@ -15,6 +15,7 @@ pub mod fingerprint;
 pub mod gpu;
 pub mod lineage;
 pub mod manifest;
+pub mod notice;
 pub mod podspec;
 pub mod policy;
 pub mod reference;
