@@ -17,7 +17,8 @@ pub mod error;
 pub mod executor;
 pub mod fence;
 pub mod http;
-pub mod keys;
+/// The keyring and data key Secrets, shared with the controller's key broker.
+pub use stasis_api::keys;
 pub mod kube;
 pub mod mem;
 pub mod metrics;

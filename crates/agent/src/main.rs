@@ -37,6 +37,25 @@ struct Args {
         default_value = "/etc/stasis/keys/cluster.key"
     )]
     cluster_key: PathBuf,
+    /// The key broker (`https://<controller service>.<namespace>.svc:<port>`): data keys are
+    /// asked of stasis-controller, which gives a namespace's only while a pod of it is bound to
+    /// this node; the cluster key is then neither needed nor read.
+    #[arg(long, env = "STASIS_KEY_BROKER_URL")]
+    key_broker_url: Option<String>,
+    /// PEM CA of the key broker's certificate.
+    #[arg(
+        long,
+        env = "STASIS_KEY_BROKER_CA",
+        default_value = "/etc/stasis/key-broker/ca.crt"
+    )]
+    key_broker_ca: PathBuf,
+    /// The agent pod's projected service-account token for the key broker's audience.
+    #[arg(
+        long,
+        env = "STASIS_KEY_BROKER_TOKEN",
+        default_value = "/var/run/secrets/stasis/key-broker/token"
+    )]
+    key_broker_token: PathBuf,
     /// One data key for every namespace instead of wrapped per-namespace keys (standalone, dev).
     #[arg(long, env = "STASIS_KEY_FILE")]
     key_file: Option<PathBuf>,
@@ -153,6 +172,11 @@ fn main() -> anyhow::Result<()> {
         runtime_class: a.runtime_class,
         store: a.store,
         cluster_key_file: Some(a.cluster_key),
+        key_broker: a.key_broker_url.map(|url| stasis_agent::run::KeyBroker {
+            url,
+            ca: a.key_broker_ca,
+            token: a.key_broker_token,
+        }),
         key_file: a.key_file,
         runc_root: a.runc_root,
         socket: a.socket,

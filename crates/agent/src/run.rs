@@ -17,6 +17,17 @@ use crate::keys::ClusterKey;
 use crate::metrics::Metrics;
 use crate::node::{Agent, Busy, Standalone};
 
+/// Where the key broker is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct KeyBroker {
+    /// `https://<controller service>.<namespace>.svc:<port>`.
+    pub url: String,
+    /// PEM CA of the broker's certificate.
+    pub ca: PathBuf,
+    /// The projected service-account token for the broker's audience.
+    pub token: PathBuf,
+}
+
 /// Everything the agent is configured with (the binary fills it from flags and environment).
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -26,6 +37,9 @@ pub struct Config {
     pub runtime_class: String,
     pub store: String,
     pub cluster_key_file: Option<PathBuf>,
+    /// Data keys from stasis-controller's key broker instead of the cluster key (which the node
+    /// then never holds).
+    pub key_broker: Option<KeyBroker>,
     pub key_file: Option<PathBuf>,
     pub runc_root: PathBuf,
     pub socket: PathBuf,
@@ -69,14 +83,26 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
     };
     let keys: Arc<dyn KeySource> = match (&cfg.key_file, &cfg.cluster_key_file, &client) {
         (Some(k), _, _) => Arc::new(StaticKey(Key::load(k)?)),
+        (None, _, Some(_)) if cfg.key_broker.is_some() => {
+            let b = cfg.key_broker.as_ref().expect("checked");
+            let _guard = rt.enter();
+            let broker = crate::kube::BrokerClient::new(&b.url, &b.ca, &b.token)?;
+            tracing::info!(url = %b.url, "data keys from the key broker; no cluster key on this node");
+            Arc::new(crate::kube::SecretKeys::new(
+                rt.handle().clone(),
+                crate::kube::KeyOrigin::Broker(broker),
+            ))
+        }
         (None, Some(ck), Some(client)) => {
             let ring = ClusterKey::load(ck).map_err(AgentError::io(ck))??;
             tracing::info!(cluster_key = %ring.id(), retired = ?ring.retired_ids(), "cluster key loaded");
             Arc::new(crate::kube::SecretKeys::new(
-                client.clone(),
                 rt.handle().clone(),
-                cfg.namespace.clone(),
-                Arc::new(ring),
+                crate::kube::KeyOrigin::ClusterKey {
+                    client: client.clone(),
+                    namespace: cfg.namespace.clone(),
+                    ring: Arc::new(ring),
+                },
             ))
         }
         _ => {
