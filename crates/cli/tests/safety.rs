@@ -792,3 +792,49 @@ fn the_work_dir_cleanup_touches_only_stasis_s_own_directories() {
     assert!(lookalike.exists(), "an unmarked directory was deleted");
     assert!(!dead.exists(), "a dead run's scratch directory was kept");
 }
+
+/// B3: a truncated manifest (half of the file) is marked by `list` with the reason, and `gc`
+/// sweeps none of its chunks, saying which manifest blocked the sweep; repaired, it restores.
+#[test]
+fn a_damaged_manifest_is_listed_as_unreadable_and_blocks_the_gc_sweep() {
+    if !ready("a_damaged_manifest_is_listed_as_unreadable_and_blocks_the_gc_sweep") {
+        return;
+    }
+    let mut w = World::new();
+    w.start("b3-a", &["STATE_MB=16"]);
+    let reference = checkpoint(&w, "b3-a", &[]).expect_ok("checkpoint");
+    let id = reference.split('/').nth(1).unwrap().to_owned();
+    let manifest = w.path(&format!("store/manifests/counter/{id}.json"));
+    let whole = std::fs::read(&manifest).unwrap();
+    std::fs::write(&manifest, &whole[..whole.len() / 2]).unwrap();
+    let chunks = walk(&w.path("store/chunks")).len();
+    assert!(chunks > 0);
+
+    let list = w.stasis(&["list"]).expect_ok("list");
+    assert!(
+        list.contains("UNREADABLE") && list.contains(&format!("warning: {reference}")),
+        "{list}"
+    );
+    let report = w
+        .stasis(&["gc", "--keep-last", "1", "--grace-secs", "0", "-o", "json"])
+        .json();
+    assert_eq!(report["chunks_deleted"], 0, "{report}");
+    assert!(
+        report["sweep_skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains(&reference)),
+        "{report}"
+    );
+    assert_eq!(
+        walk(&w.path("store/chunks")).len(),
+        chunks,
+        "chunks were swept"
+    );
+
+    std::fs::write(&manifest, &whole).unwrap();
+    w.kill("b3-a");
+    let (run, r) = w.restore("counter/latest", "b3-b", &["STATE_MB=16"], &[]);
+    run.expect_ok("restore of the repaired checkpoint");
+    r.wait_count(&w, 2);
+    assert!(!r.corrupt());
+}
