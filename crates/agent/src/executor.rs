@@ -442,7 +442,11 @@ impl Executor {
                 rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
                 tcp_established: self.cfg.tcp_established,
             };
-            if let Err(e) = self.keep_latest(scratch, &pod.pod_uid, &container_name, &kept) {
+            let gpu = (
+                manifest.requirements.node.gpu.as_ref(),
+                manifest.gpu_processes,
+            );
+            if let Err(e) = self.keep_latest(scratch, &pod.pod_uid, &container_name, &kept, gpu) {
                 warn!(%reference, error = %e, "could not keep the checkpoint's images on the node");
             }
         } else {
@@ -488,6 +492,7 @@ impl Executor {
         pod_uid: &str,
         container_name: &str,
         kept: &KeptLatest,
+        (gpu, gpu_processes): (Option<&stasis_core::gpu::GpuFingerprint>, u32),
     ) -> Result<()> {
         let Some(dir) = self.kept_dir(pod_uid, container_name) else {
             return Ok(());
@@ -496,6 +501,9 @@ impl Executor {
         private_dir(&self.pod_images(pod_uid))?;
         scratch.keep(&dir)?;
         planfile::write_verified_stamp(&dir, &kept.checkpoint_ref).map_err(AgentError::io(&dir))?;
+        // What stasis-runc's restore must do on the GPU (it restores with runc, not the engine).
+        stasis_engine::cuda::write_gpu_record(&dir, gpu, gpu_processes)
+            .map_err(AgentError::io(&dir))?;
         let f = dir.join(KEPT_LATEST);
         std::fs::write(&f, serde_json::to_vec(kept).unwrap_or_default()).map_err(AgentError::io(&f))
     }
@@ -618,6 +626,13 @@ impl Executor {
         let checkpoint_ref = exact.to_string();
         planfile::write_verified_stamp(&image_dir, &checkpoint_ref)
             .map_err(AgentError::io(&image_dir))?;
+        // What stasis-runc's restore must do on the GPU (it restores with runc, not the engine).
+        stasis_engine::cuda::write_gpu_record(
+            &image_dir,
+            manifest.requirements.node.gpu.as_ref(),
+            manifest.gpu_processes,
+        )
+        .map_err(AgentError::io(&image_dir))?;
         let tcp = manifest
             .labels
             .get(label::TCP_ESTABLISHED)

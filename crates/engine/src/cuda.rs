@@ -466,6 +466,92 @@ pub fn bundle_gpus(
     }
 }
 
+/// File in a prepared image directory that says what a restore must do on the GPU: the agent
+/// writes it from the checkpoint's manifest, and `stasis-runc`, which restores pods with
+/// `runc restore`, reads it.
+pub const GPU_RECORD_FILE: &str = "stasis-gpu.json";
+
+/// What a restore needs to know about a checkpoint's GPU state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct GpuRecord {
+    /// CUDA processes checkpointed through the driver.
+    pub processes: u32,
+    /// The GPUs they ran on (and were given).
+    pub recorded: GpuFingerprint,
+}
+
+/// Writes [`GPU_RECORD_FILE`] into `image_dir` when the checkpoint holds GPU state; removes a
+/// stale one otherwise.
+pub fn write_gpu_record(
+    image_dir: &std::path::Path,
+    recorded: Option<&GpuFingerprint>,
+    processes: u32,
+) -> std::io::Result<()> {
+    let path = image_dir.join(GPU_RECORD_FILE);
+    match recorded.filter(|_| processes > 0) {
+        Some(r) => {
+            let record = GpuRecord {
+                processes,
+                recorded: r.clone(),
+            };
+            std::fs::write(&path, serde_json::to_vec(&record).unwrap_or_default())
+        }
+        None => match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        },
+    }
+}
+
+/// [`GPU_RECORD_FILE`] of `image_dir`: `None` when the checkpoint holds no GPU state.
+pub fn read_gpu_record(image_dir: &std::path::Path) -> Result<Option<GpuRecord>, CudaError> {
+    let path = image_dir.join(GPU_RECORD_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| CudaError::Unsupported(format!("{} is unreadable: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CudaError::Unsupported(format!(
+            "{} is unreadable: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// After CRIU restored a tree rooted at `root` holding `processes` CUDA processes checkpointed on
+/// `recorded`: restores their GPU state onto this node's GPUs — those the device plugin gave the
+/// new container when `bundle` names them ([`bundle_gpus`], [`remap_onto`]) — and unlocks them
+/// (DESIGN §7). An error leaves them CHECKPOINTED: the caller kills them (cold start).
+pub fn resume_after_restore(
+    root: i32,
+    processes: u32,
+    recorded: &GpuFingerprint,
+    bundle: Option<&std::path::Path>,
+) -> Result<GpuRestoreReport, CudaError> {
+    let started = Instant::now();
+    // Loaded here so that its cost shows on its own line of the report (kept for later calls).
+    let _ = driver();
+    let driver_load = started.elapsed();
+    let node = gpu_fingerprint().ok_or_else(|| {
+        CudaError::NoDriver(
+            "the checkpoint holds GPU state and this node has no NVIDIA driver".into(),
+        )
+    })?;
+    let assigned = match bundle {
+        Some(b) => bundle_gpus(b, &node)?,
+        None => Vec::new(),
+    };
+    let remap = remap_onto(recorded, &node, &assigned)?;
+    let phases = resume_restored_tree(root, processes as usize, remap.as_deref())?;
+    Ok(GpuRestoreReport {
+        processes,
+        driver_load_ms: ms_f64(driver_load),
+        phases,
+        remapped: remap.is_some(),
+        total_ms: ms_f64(started.elapsed()),
+    })
+}
+
 /// After CRIU restored the tree: restore (onto other GPUs when `uuid_remap` names pairs) and
 /// then unlock every pid of `pids` (the [`SuspendedGpu::pids`] recorded at checkpoint time).
 /// No pids: nothing to do. Pids but no driver: [`CudaError::NoDriver`].
@@ -750,6 +836,39 @@ mod tests {
         let pairs = remap_onto(&recorded, &node, &assigned).unwrap().unwrap();
         assert_eq!(pairs[0].old.to_string(), second.uuid);
         assert_eq!(pairs[0].new.to_string(), node.devices[0].uuid);
+    }
+
+    #[test]
+    fn the_gpu_record_of_a_prepared_image_round_trips_and_is_removed_when_stale() {
+        let d = tempfile::tempdir().unwrap();
+        let fp = SimDriver::default().fingerprint();
+        assert_eq!(read_gpu_record(d.path()).unwrap(), None);
+        write_gpu_record(d.path(), Some(&fp), 2).unwrap();
+        assert_eq!(
+            read_gpu_record(d.path()).unwrap(),
+            Some(GpuRecord {
+                processes: 2,
+                recorded: fp.clone()
+            })
+        );
+        // A CPU-only checkpoint prepared into the same directory later.
+        write_gpu_record(d.path(), Some(&fp), 0).unwrap();
+        assert_eq!(read_gpu_record(d.path()).unwrap(), None);
+        fs::write(d.path().join(GPU_RECORD_FILE), "{").unwrap();
+        assert!(read_gpu_record(d.path()).is_err());
+    }
+
+    #[test]
+    fn a_restore_of_gpu_state_without_a_driver_is_refused_with_the_reason() {
+        if Path::new("/proc/driver/nvidia").exists() {
+            return; // a GPU machine
+        }
+        let fp = SimDriver::default().fingerprint();
+        let e = resume_after_restore(1, 1, &fp, None).unwrap_err();
+        assert!(
+            e.to_string().contains("this node has no NVIDIA driver"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -64,28 +64,12 @@ fn resume_gpu(
     let Some(g) = gpu.filter(|g| g.processes > 0) else {
         return Ok(None);
     };
-    let started = std::time::Instant::now();
-    // Loaded here so that its cost shows on its own line of the report (kept for later calls).
-    let _ = crate::cuda::driver();
-    let driver_load = started.elapsed();
-    let node = crate::cuda::gpu_fingerprint().ok_or_else(|| {
-        crate::cuda::CudaError::NoDriver(
-            "the checkpoint holds GPU state and this node has no NVIDIA driver".into(),
-        )
-    })?;
-    let assigned = match bundle {
-        Some(b) => crate::cuda::bundle_gpus(b, &node)?,
-        None => Vec::new(),
-    };
-    let remap = crate::cuda::remap_onto(g.recorded, &node, &assigned)?;
-    let phases = crate::cuda::resume_restored_tree(root, g.processes as usize, remap.as_deref())?;
-    Ok(Some(crate::cuda::GpuRestoreReport {
-        processes: g.processes,
-        driver_load_ms: crate::cuda::ms_f64(driver_load),
-        phases,
-        remapped: remap.is_some(),
-        total_ms: crate::cuda::ms_f64(started.elapsed()),
-    }))
+    Ok(Some(crate::cuda::resume_after_restore(
+        root,
+        g.processes,
+        g.recorded,
+        bundle,
+    )?))
 }
 
 /// The parts of a bundle's `config.json` a restore reads.

@@ -368,12 +368,14 @@ impl Ctx {
         }
         let status = runc.args(&args).status();
         let failure = match status {
-            Ok(s) if s.success() => match self.mark_restored(id, plan) {
-                Ok(()) => None,
-                Err(e) => Some(format!(
-                    "restored, but the marker for start could not be written: {e}"
-                )),
-            },
+            Ok(s) if s.success() => self
+                .resume_gpu(id, c, &bundle.dir, plan)
+                .and_then(|()| {
+                    self.mark_restored(id, plan).map_err(|e| {
+                        format!("restored, but the marker for start could not be written: {e}")
+                    })
+                })
+                .err(),
             Ok(s) => Some(format!(
                 "runc restore failed ({s}){}",
                 criu_errors(&work.join("restore.log"))
@@ -423,6 +425,51 @@ impl Ctx {
             },
         );
         std::process::exit(0)
+    }
+
+    /// The checkpoint's CUDA processes come back from `runc restore` with their GPU state in host
+    /// memory (CHECKPOINTED, every CUDA call blocked): restore it onto the GPUs the device plugin
+    /// gave this container and unlock them (DESIGN §7). `Err`: why the restore becomes a cold
+    /// start (the caller deletes the container; killing CHECKPOINTED processes is safe).
+    fn resume_gpu(
+        &self,
+        id: &str,
+        c: &CreateArgs,
+        bundle_dir: &Path,
+        plan: &stasis_node_api::Plan,
+    ) -> Result<(), String> {
+        let record = match stasis_engine::cuda::read_gpu_record(&plan.image_dir) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(format!("the checkpoint's GPU record: {e}")),
+        };
+        let pid = c
+            .pid_file
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .ok_or("the restored container's pid is unknown (no --pid-file), so its GPU state cannot be restored")?;
+        let report = stasis_engine::cuda::resume_after_restore(
+            pid,
+            record.processes,
+            &record.recorded,
+            Some(bundle_dir),
+        )
+        .map_err(|e| format!("restoring the GPU state failed: {e}"))?;
+        self.log(
+            Level::Info,
+            &format!(
+                "restored {id}: GPU state of {} CUDA process(es) restored in {:.0} ms{}",
+                report.processes,
+                report.total_ms,
+                if report.remapped {
+                    " onto the GPUs this container was given"
+                } else {
+                    ""
+                }
+            ),
+        );
+        Ok(())
     }
 
     /// A restored network namespace of its own comes back with `lo` down (DESIGN §8).
