@@ -307,6 +307,10 @@ fn a_refused_or_failed_restore_leaves_nothing_and_cites_a_log_that_exists() {
     let broken = w.bundle("bundle-broken", &["STATE_MB=32"]);
     std::fs::remove_file(broken.join("rootfs/stasis-counter")).unwrap();
     let err = restore_into(&w, &broken, "b7-broken", &[]).expect_err("restore without the binary");
+    assert!(
+        err.contains("missing from the bundle's rootfs") && err.contains("stasis-counter"),
+        "{err}"
+    );
     let log = err
         .split("(CRIU log: ")
         .nth(1)

@@ -427,32 +427,31 @@ fn remove_if_ours(runc: &Runc, id: &str, bundle: &Path) {
     }
 }
 
-/// A restore that died of SIGKILL under a memory limit: say so (CRIU's own words are about a
-/// lost helper, `cgroupd: recv req error`, or a process `killed by signal 9`).
-fn name_memory_kill(e: EngineError, limit: Option<u64>) -> EngineError {
-    match (e, limit) {
-        (
-            EngineError::ToolFailed {
-                what,
-                detail,
-                log,
-            },
-            Some(limit),
-        ) if detail.contains("signal 9")
-            || detail.contains("cgroupd")
-            || detail.contains("Killed") =>
-        {
-            EngineError::ToolFailed {
-                what,
-                detail: format!(
-                    "CRIU or the restored processes were killed (SIGKILL), most likely by the bundle's memory limit of {}: raise linux.resources.memory.limit ({detail})",
-                    mib(limit)
-                ),
-                log,
-            }
-        }
-        (e, _) => e,
-    }
+/// Names the cause of a failed restore where CRIU's own lines do not: a file the processes had
+/// mapped that the bundle's rootfs lacks or has in another version (not the same image), or a
+/// SIGKILL under a memory limit (CRIU's words are then about a process `killed by signal 9`, or,
+/// when CRIU itself was killed, only about its lost helper, `cgroupd: recv req error`).
+fn name_cause(e: EngineError, limit: Option<u64>) -> EngineError {
+    let EngineError::ToolFailed { what, detail, log } = e else {
+        return e;
+    };
+    let file = detail.contains("Can't open file") || detail.contains("has bad size");
+    let killed = detail.contains("signal 9")
+        || detail.contains(": Killed")
+        || detail
+            .split(" | ")
+            .all(|l| l.contains("cgroupd") || l.contains("Restoring FAILED"));
+    let detail = match limit {
+        _ if file => format!(
+            "a file the checkpointed processes had mapped is missing from the bundle's rootfs or differs from the one they had: make the bundle from the same image as the checkpointed container ({detail})"
+        ),
+        Some(limit) if killed => format!(
+            "CRIU or the restored processes were killed (SIGKILL), most likely by the bundle's memory limit of {}: raise linux.resources.memory.limit ({detail})",
+            mib(limit)
+        ),
+        _ => detail,
+    };
+    EngineError::ToolFailed { what, detail, log }
 }
 
 fn open_inheritable_log(p: &Path) -> Result<std::fs::File, EngineError> {
@@ -649,4 +648,50 @@ fn restore_process_inner(
         pid: info.root_pid,
         gpu,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(detail: &str) -> EngineError {
+        EngineError::ToolFailed {
+            what: "runc restore c".into(),
+            detail: detail.into(),
+            log: None,
+        }
+    }
+
+    #[test]
+    fn a_failed_restore_names_its_cause() {
+        let cg = "(00.2) Error (criu/cgroup.c:2055): cg: cgroupd: recv req error: No such file or directory";
+        // CRIU itself killed under a limit: only its lost helper is left in the log.
+        let e = name_cause(failed(cg), Some(16 << 20)).to_string();
+        assert!(e.contains("memory limit of 16.0 MiB"), "{e}");
+        let e = name_cause(
+            failed(&format!(
+                "(00.1) Error (criu/cr-restore.c:1269): 7 killed by signal 9: Killed | {cg}"
+            )),
+            Some(16 << 20),
+        )
+        .to_string();
+        assert!(e.contains("SIGKILL"), "{e}");
+        // Without a limit there is no memory to blame.
+        assert!(!name_cause(failed(cg), None).to_string().contains("memory"));
+        // The binary is not in the rootfs (cgroupd's line follows every failure).
+        let e = name_cause(
+            failed(&format!("1: Error (criu/files-reg.c:2267): Can't open file stasis-counter: No such file or directory | {cg}")),
+            Some(16 << 20),
+        )
+        .to_string();
+        assert!(
+            e.contains("missing from the bundle's rootfs") && !e.contains("memory"),
+            "{e}"
+        );
+        let other = "(00.1) Error (criu/sk-inet.c:1): something else";
+        assert_eq!(
+            name_cause(failed(other), Some(1)).to_string(),
+            failed(other).to_string()
+        );
+    }
 }
