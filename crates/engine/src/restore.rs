@@ -373,7 +373,7 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
             if !matches!(e, EngineError::ContainerExists { .. }) {
                 remove_if_ours(req.runc, req.new_id, req.bundle);
             }
-            return Err(name_memory_kill(e, cfg.memory_limit()));
+            return Err(name_cause(e, cfg.memory_limit()));
         }
     };
     let pid = restored.pid;
