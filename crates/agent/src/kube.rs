@@ -556,10 +556,14 @@ impl KubeCluster {
                 timeout_seconds: Some(timeout.as_secs().max(1) as i32),
             },
         );
-        c.metadata.labels = Some(BTreeMap::from([(
-            CREATED_BY_LABEL.to_owned(),
-            MANAGER.to_owned(),
-        )]));
+        c.metadata.labels = Some(BTreeMap::from([
+            (CREATED_BY_LABEL.to_owned(), MANAGER.to_owned()),
+            // (the API server lets an agent create it only for its own node)
+            (
+                stasis_api::lineage::NODE_LABEL.to_owned(),
+                self.node.clone(),
+            ),
+        ]));
         match api.create(&PostParams::default(), &c).await {
             Ok(_) => {
                 let s = status::checkpoint_running(
@@ -694,10 +698,13 @@ impl Cluster for KubeCluster {
                     .map(|s| s.generation as i64),
             },
         );
-        r.metadata.labels = Some(BTreeMap::from([(
-            CREATED_BY_LABEL.to_owned(),
-            MANAGER.to_owned(),
-        )]));
+        r.metadata.labels = Some(BTreeMap::from([
+            (CREATED_BY_LABEL.to_owned(), MANAGER.to_owned()),
+            (
+                stasis_api::lineage::NODE_LABEL.to_owned(),
+                self.node.clone(),
+            ),
+        ]));
         self.rt.block_on(async {
             let api: Api<PodRestore> = Api::namespaced(self.client.clone(), &key.namespace);
             match api.create(&PostParams::default(), &r).await {

@@ -34,6 +34,11 @@ pub const HOLDER_UID_LABEL: &str = "stasis.dev/holder-uid";
 /// Label on a lineage record ConfigMap: the namespace of its workload (records of one namespace
 /// are counted and listed with it).
 pub const RECORD_NAMESPACE_LABEL: &str = "stasis.dev/namespace";
+/// Label on `PodCheckpoint`s and `PodRestore`s: the node of the pod they are about, whose agent
+/// alone may write them (the chart's ValidatingAdmissionPolicy holds an agent to the node its
+/// token names). Set by the controller on the checkpoints it creates and by the agent on the
+/// objects it creates.
+pub const NODE_LABEL: &str = "stasis.dev/node";
 /// Prefix of the labels/annotations that declare engine and model versions.
 pub const DECLARE_PREFIX: &str = "declare.stasis.dev/";
 

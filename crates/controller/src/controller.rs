@@ -625,6 +625,30 @@ fn foreign(
     None
 }
 
+/// Why a checkpoint was not written by the agent of its source pod's node (`None`: it was, or
+/// the pod is gone from the cache and only the API server's policy vouches for the writer). The
+/// API server holds each agent to its own node's `status.node` (the chart's agent policy); this
+/// ties that node to the pod.
+fn wrong_node(
+    ck: &PodCheckpoint,
+    source_uid: Option<&str>,
+    pods: &Store<Pod>,
+) -> Option<(&'static str, String)> {
+    let written_by = ck.status.as_ref().and_then(|s| s.node.as_deref());
+    let pod = pods.find(|p| source_uid.is_some() && p.metadata.uid.as_deref() == source_uid)?;
+    let on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    (on != written_by).then(|| {
+        (
+            "OtherNode",
+            format!(
+                "written by the agent of node {}, but the source pod is on node {}",
+                written_by.unwrap_or("(none)"),
+                on.unwrap_or("(none)")
+            ),
+        )
+    })
+}
+
 /// `sha256:` and 64 lowercase hex digits: the form of `PodCheckpoint.status.manifestDigest`.
 fn is_manifest_digest(d: &str) -> bool {
     d.strip_prefix("sha256:").is_some_and(|h| {
@@ -742,7 +766,7 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
                 format!("checkpointRef {reference} is not of lineage {lineage_id}"),
             ))
         } else {
-            None
+            wrong_node(&ck, source_uid.as_deref(), &ctx.pods)
         }
     });
     if let Some((label, message)) = why {
@@ -1691,6 +1715,46 @@ mod tests {
                 .to_owned();
             assert!(message.contains(why), "{message}");
         }
+    }
+
+    /// Review H4: a `PodCheckpoint` whose status another node's agent wrote (it claims the
+    /// holder's UID) is not published: the source pod is on another node.
+    #[tokio::test]
+    async fn a_checkpoint_written_by_another_nodes_agent_is_not_published() {
+        let r = record_of_a("prod");
+        let l = r.lineage.id.as_str().to_owned();
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
+        let (client, seen) = routed_client(vec![(
+            cm_path,
+            serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+        )]);
+        let id = CheckpointId::from_parts(1_700_000_100_000, 7);
+        let mut ck = succeeded_in("prod", "forged", &l, &id, "uid-1");
+        ck.status.as_mut().unwrap().node = Some("worker-2".into());
+        let pod = running_pod("2026-01-01T00:00:00Z");
+        let ctx = context_with(
+            client,
+            vec![ck.clone()],
+            vec![r.clone()],
+            vec![pod.clone()],
+            vec![],
+        );
+        reconcile_checkpoint(Arc::new(ck.clone()), ctx)
+            .await
+            .unwrap();
+        let w = writes(&seen);
+        assert_eq!(w.len(), 1, "only the status: {w:#?}");
+        assert_eq!(w[0].2["status"]["phase"], "Failed");
+        let message = w[0].2["status"]["conditions"][0]["message"].to_string();
+        assert!(
+            message.contains("node worker-2, but the source pod is on node worker-1"),
+            "{message}"
+        );
+        // The pod's own node's agent passes; a pod gone from the cache leaves it to the API
+        // server's policy.
+        ck.status.as_mut().unwrap().node = Some("worker-1".into());
+        assert_eq!(wrong_node(&ck, Some("uid-1"), &store_of(vec![pod])), None);
+        assert_eq!(wrong_node(&ck, Some("uid-1"), &store_of(vec![])), None);
     }
 
     /// A termination checkpoint of another namespace's pod does not hold that lineage's claims

@@ -28,7 +28,7 @@ pub const HOLDER_KEY: &str = "holder.json";
 pub const POD_UID_LABEL: &str = "stasis.dev/pod-uid";
 /// Label on `PodCheckpoint`s the controller creates: the node of the source pod (agents select
 /// their own with it).
-pub const NODE_LABEL: &str = "stasis.dev/node";
+pub const NODE_LABEL: &str = stasis_api::lineage::NODE_LABEL;
 /// Label on objects the controller creates.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "stasis-controller");
 

@@ -4,7 +4,9 @@
 # builds into its cache) on free local ports, installs the CRDs and the policies as `helm
 # template` renders them, and checks, as users of different rights (`kubectl --as`), what the
 # API server refuses: a pod created with a restore decision by someone who may not restore, any
-# change of stasis.dev/ keys of a pod or checkpoint by anyone but stasis. With the controller
+# change of stasis.dev/ keys of a pod or checkpoint by anyone but stasis; and, with the agents'
+# own bound service-account tokens (RBAC as the chart renders it), any write of an agent to
+# another node's Node, PodCheckpoints or PodRestores. With the controller
 # binary as argument, also its key broker (`--key-broker`) against real bound service-account
 # tokens (`kubectl create token --bound-object-kind Pod`, whose TokenReview names the pod's node):
 # a data key only for the agent of a node that holds an opted-in pod of the namespace.
@@ -145,7 +147,8 @@ subjects:
   - {kind: ServiceAccount, name: stasis-controller, namespace: stasis-system}
 EOF
 
-"$helm" template stasis "$root/deploy/helm/stasis" -n "$SNS" --set store.url=s3://unused/ --show-only templates/vap.yaml >"$work/vap.yaml"
+"$helm" template stasis "$root/deploy/helm/stasis" -n "$SNS" --set store.url=s3://unused/ --show-only templates/vap.yaml \
+    --set admissionPolicy.agentOwnNodeOnly=true >"$work/vap.yaml"
 if out="$(kubectl apply -f "$work/vap.yaml" 2>&1)"; then pass "the chart's policies are accepted"; else fail "policies: $out"; fi
 
 pod() { # name annotations-json [labels-json]
@@ -214,7 +217,8 @@ allowed "stasis-controller's checkpoint with its stamp" \
     bash -c "$(declare -f ckpt); ckpt c3 '{\"stasis.dev/lineage\":\"prod_deploy_web.aa\"}' | $kubectl --as=$CTRL -n prod create -f - >/dev/null"
 refused "a user restamps a checkpoint" "only stasis-controller and stasis-agent" \
     kubectl --as=alice -n prod annotate podcheckpoint c3 stasis.dev/lineage=prod_deploy_api.bb --overwrite
-allowed "the agent labels a checkpoint" kubectl --as="$AGENT" -n prod label podcheckpoint c1 stasis.dev/node=w1
+refused "stasis-agent without a node in its credentials (impersonated: no bound token) labels a checkpoint" "name no node" \
+    kubectl --as="$AGENT" -n prod label podcheckpoint c1 stasis.dev/node=w1
 refused "a user marks a restore accounted" "only stasis-controller and stasis-agent" \
     bash -c "printf '{\"apiVersion\":\"stasis.dev/v1alpha1\",\"kind\":\"PodRestore\",\"metadata\":{\"name\":\"r1\",\"annotations\":{\"stasis.dev/accounted\":\"true\"}},\"spec\":{\"checkpointRef\":\"l/c\",\"targetPodName\":\"plain\"}}' | $kubectl --as=bob -n prod create -f -"
 
@@ -244,14 +248,14 @@ kubectl create namespace "$SNS" >/dev/null
 allowed "stasis's own Deployment in the release namespace (its pods labelled stasis.dev/system)" \
     bash -c "$(declare -f deploy); deploy stasis-controller '{}' | sed 's/\"labels\":{\"app\":\"stasis-controller\"}/\"labels\":{\"app\":\"stasis-controller\",\"stasis.dev\/system\":\"true\"}/' | $kubectl -n $SNS create -f - >/dev/null"
 
-# The key broker (crates/controller/src/broker.rs): the agent's bound token names its node.
-controller_bin="${1:-}"
-if [[ -n $controller_bin ]]; then
-    kubectl -n "$SNS" create serviceaccount stasis-agent >/dev/null
-    kubectl -n "$SNS" create serviceaccount default >/dev/null
-    kubectl create namespace other >/dev/null
-    kubectl -n other create serviceaccount default >/dev/null
-    kubectl apply -f - >/dev/null <<EOF
+# A node's agent writes only its own node's objects (vap.yaml, the agent policy), shown with
+# the agents' own tokens: bound to their pods, so the API server puts the node in the request's
+# userInfo.extra (authentication.kubernetes.io/node-name).
+kubectl -n "$SNS" create serviceaccount stasis-agent >/dev/null
+kubectl -n "$SNS" create serviceaccount default >/dev/null
+kubectl create namespace other >/dev/null
+kubectl -n other create serviceaccount default >/dev/null
+kubectl apply -f - >/dev/null <<EOF
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: stasis}
@@ -285,6 +289,58 @@ kind: Pod
 metadata: {name: plain-1, namespace: other}
 spec: {nodeName: node-1, containers: [{name: c, image: i}]}
 EOF
+"$helm" template stasis "$root/deploy/helm/stasis" -n "$SNS" --set store.url=s3://unused/ --show-only templates/rbac-agent.yaml >"$work/rbac-agent.yaml"
+kubectl apply -f "$work/rbac-agent.yaml" >/dev/null
+grep -q "name: stasis-agent" "$work/rbac-agent.yaml" || fail "the chart's agent RBAC names the service account stasis-agent"
+a1=$(kubectl create token stasis-agent -n "$SNS" --bound-object-kind Pod --bound-object-name agent-1)
+a2=$(kubectl create token stasis-agent -n "$SNS" --bound-object-kind Pod --bound-object-name agent-2)
+a0=$(kubectl create token stasis-agent -n "$SNS")
+if kubectl --token="$a1" auth whoami -o json | grep -q '"node-1"'; then
+    pass "agent-1's bound token names its node in userInfo.extra"
+else
+    fail "no node in agent-1's token: $(kubectl --token="$a1" auth whoami -o json 2>&1 | tr -d '\n')"
+fi
+as1() { kubectl --token="$a1" "$@"; }
+as2() { kubectl --token="$a2" "$@"; }
+allowed "the agent of node-1 labels its own Node" as1 label node node-1 stasis.dev/ready=true
+refused "... another Node" "may change only its own Node, not node-2" as1 label node node-2 stasis.dev/ready=true
+refused "... another Node's control-plane taint away (review H4)" "may change only its own Node" \
+    as1 patch node node-2 --type merge -p '{"spec":{"taints":[]}}'
+refused "... a label of its own Node outside stasis.dev/" "only the stasis.dev/ labels" as1 label node node-1 app=x
+refused "... its own Node unschedulable" "only the stasis.dev/ labels" as1 patch node node-1 --type merge -p '{"spec":{"unschedulable":true}}'
+refused "an agent token bound to no pod (no node) labels a Node" "name no node" kubectl --token="$a0" label node node-1 stasis.dev/x=y
+mk() { # kind (ck|rs) name node-label (empty: none)
+    jq -nc --arg k "$1" --arg n "$2" --arg node "$3" '{apiVersion: "stasis.dev/v1alpha1",
+        metadata: ({name: $n} + (if $node == "" then {} else {labels: {"stasis.dev/node": $node}} end))}
+        + (if $k == "ck" then {kind: "PodCheckpoint", spec: {sourcePodName: "app-1", reason: "Termination"}}
+           else {kind: "PodRestore", spec: {checkpointRef: "l/c", targetPodName: "app-1"}} end)'
+}
+allowed "the agent of node-1 creates a termination PodCheckpoint labelled with its node" bash -c "$(declare -f mk); mk ck t1 node-1 | $kubectl --token=$a1 -n prod create -f - >/dev/null"
+refused "... one labelled with another node" "not one labelled stasis.dev/node=node-2" bash -c "$(declare -f mk); mk ck t2 node-2 | $kubectl --token=$a1 -n prod create -f -"
+refused "... one without the node label" "labelled stasis.dev/node=node-1" bash -c "$(declare -f mk); mk ck t3 '' | $kubectl --token=$a1 -n prod create -f -"
+allowed "the agent of node-1 records a restart in place (PodRestore) labelled with its node" bash -c "$(declare -f mk); mk rs r-in-place node-1 | $kubectl --token=$a1 -n prod create -f - >/dev/null"
+refused "... a PodRestore for another node's pod" "not one labelled stasis.dev/node=node-2" bash -c "$(declare -f mk); mk rs r2 node-2 | $kubectl --token=$a1 -n prod create -f -"
+refused "... relabels its checkpoint to another node" "was node-1" as1 -n prod label podcheckpoint t1 stasis.dev/node=node-2 --overwrite
+# status: the controller's heartbeat checkpoints carry the node label; a user's do not.
+mk ck hb2 node-2 | kubectl --as="$CTRL" -n prod create -f - >/dev/null
+st() { printf '{"status":{"phase":"%s","node":"%s","sourcePodUID":"u"}}' "$1" "$2"; }
+refused "the agent of node-1 writes the status of node-2's checkpoint" "stasis.dev/node=node-2" \
+    as1 -n prod patch podcheckpoint hb2 --subresource=status --type merge -p "$(st Succeeded node-1)"
+allowed "... the agent of node-2 does" as2 -n prod patch podcheckpoint hb2 --subresource=status --type merge -p "$(st Running node-2)"
+allowed "the agent of node-1 takes a user's checkpoint (no node label) of a pod on its node" \
+    as1 -n prod patch podcheckpoint c1 --subresource=status --type merge -p "$(st Running node-1)"
+refused "... the agent of node-2 then writes its status (review H4: a forged Succeeded)" "written by node node-1" \
+    as2 -n prod patch podcheckpoint c1 --subresource=status --type merge -p "$(st Succeeded node-2)"
+refused "... or claims to be node-1" "status.node node-2" \
+    as2 -n prod patch podcheckpoint c1 --subresource=status --type merge -p "$(st Succeeded node-1)"
+refused "the agent of node-2 writes the status of node-1's restart in place" "stasis.dev/node=node-1" \
+    as2 -n prod patch podrestore r-in-place --subresource=status --type merge -p '{"status":{"phase":"Failed","node":"node-2"}}'
+allowed "... the agent of node-1 does" as1 -n prod patch podrestore r-in-place --subresource=status --type merge -p '{"status":{"phase":"Ready","node":"node-1"}}'
+allowed "the agent of node-1 labels a checkpoint of its node" as1 -n prod label podcheckpoint t1 stasis.dev/accounted=true
+
+# The key broker (crates/controller/src/broker.rs): the agent's bound token names its node.
+controller_bin="${1:-}"
+if [[ -n $controller_bin ]]; then
     (cd "$work" && openssl req -x509 -newkey rsa:2048 -nodes -keyout tls.key -out tls.crt -days 1 \
         -subj /CN=localhost -addext subjectAltName=DNS:localhost 2>/dev/null)
     broker_port="$(free_port)"
