@@ -360,7 +360,7 @@ else
 fi
 
 # A restore of a checkpoint that does not exist: Failed, and a ColdStart Event on the pod.
-uid_c=$(pod counter-c)
+pod counter-c >/dev/null
 kubectl apply -f - >/dev/null <<EOF
 apiVersion: stasis.dev/v1alpha1
 kind: PodRestore

@@ -3,7 +3,7 @@
 //! - The cluster key: 32 bytes, raw or 64 hex digits (whitespace around them ignored), in a
 //!   Secret only stasis-controller reads when its key broker is on (then agents ask the broker for
 //!   the data keys of the namespaces they hold pods of); otherwise mounted into every agent.
-//! - A namespace's data key: 32 random bytes, the secret of a [`stasis_store::Key`]; stored
+//! - A namespace's data key: 32 random bytes, the secret of a `stasis_store::Key`; stored
 //!   only wrapped, in a Secret in stasis's own namespace (never where workload pods can mount
 //!   it): `stasis-key-<namespace>`, data `wrapped` = `v1` ‖ nonce (12) ‖ ciphertext+tag (48).
 //! - The wrap is bound to its namespace (associated data `stasis.dev/data-key/v1/<namespace>`):

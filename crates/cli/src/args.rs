@@ -1,4 +1,6 @@
 //! Command-line arguments. Doc comments are the help text.
+// Placeholders such as `<workload>` in the help text are not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::path::PathBuf;
 

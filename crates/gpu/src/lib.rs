@@ -2,7 +2,7 @@
 //! `cuCheckpointProcess*` API (r570+; GPU remapping r580+), and the node's GPU fingerprint.
 //!
 //! `libcuda.so.1` and `libnvidia-ml.so.1` are loaded at run time: the crate builds and tests on
-//! machines without a GPU, where [`probe`] says "no NVIDIA driver" and [`Driver::load`] returns
+//! machines without a GPU, where [`probe`](fn@probe) says "no NVIDIA driver" and [`Driver::load`] returns
 //! [`GpuError::NoDriver`].
 //!
 //! - [`Driver`]: the loaded driver; [`CheckpointApi`]: its checkpoint calls (also implemented by
@@ -14,7 +14,7 @@
 //!   the caller);
 //! - [`plan_remap`]: GPU UUID pairs for a restore onto other GPUs;
 //! - [`detect`]: CUDA processes and unsupported setups (MPS, NCCL) from `/proc`;
-//! - [`fingerprint`] (NVML) and [`probe`] (for `stasis doctor`);
+//! - [`fingerprint`] (NVML) and [`probe`](fn@probe) (for `stasis doctor`);
 //! - [`CuResult`]: `CUresult` codes and names.
 //!
 //! All `unsafe` is in the private `ffi` module.
