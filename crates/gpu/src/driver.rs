@@ -35,8 +35,9 @@ pub fn unmask_device_view() -> Vec<(&'static str, String)> {
     removed
 }
 
-/// Where libcuda is looked for: `$STASIS_LIBCUDA`, else the dynamic linker's search, else the
-/// GPU operator's/GKE's install dir.
+/// Where libcuda is looked for: `$STASIS_LIBCUDA`, else the dynamic linker's search, else GKE's
+/// and the GPU operator's install dirs (the operator's driver container keeps the libraries under
+/// `/run/nvidia/driver`, out of the host's linker cache).
 pub fn libcuda_candidates() -> Vec<String> {
     if let Ok(p) = std::env::var(LIBCUDA_ENV) {
         if !p.is_empty() {
@@ -46,6 +47,8 @@ pub fn libcuda_candidates() -> Vec<String> {
     vec![
         "libcuda.so.1".to_owned(),
         "/usr/local/nvidia/lib64/libcuda.so.1".to_owned(),
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1".to_owned(),
+        "/run/nvidia/driver/usr/lib64/libcuda.so.1".to_owned(),
     ]
 }
 

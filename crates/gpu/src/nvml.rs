@@ -18,6 +18,8 @@ fn candidates() -> Vec<String> {
     vec![
         "libnvidia-ml.so.1".to_owned(),
         "/usr/local/nvidia/lib64/libnvidia-ml.so.1".to_owned(),
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1".to_owned(),
+        "/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1".to_owned(),
     ]
 }
 
