@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
@@ -40,6 +40,7 @@ use tracing::{debug, info, warn};
 use crate::checks;
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointJob, CheckpointOutcome, Executor, KeySource, PrepareJob, Target};
+use crate::fair::FairQueue;
 use crate::fence::{self, RecordFacts, Stamp, Verdict};
 use crate::keys::{self, ClusterKey};
 use crate::node::{Agent, Busy, Cluster, PodInfo};
@@ -970,18 +971,36 @@ fn job_key(j: &Job) -> String {
     }
 }
 
-/// A worker thread draining one queue; `queued` deduplicates jobs until they finish.
+fn job_namespace(j: &Job) -> &str {
+    match j {
+        Job::Checkpoint(c) => c.metadata.namespace.as_deref(),
+        Job::Restore(r) => r.metadata.namespace.as_deref(),
+    }
+    .unwrap_or("")
+}
+
+/// Workers per queue: with at most one job of a namespace running at a time, a namespace's
+/// long job holds one of them at most (review M7).
+pub const WORKERS_PER_QUEUE: usize = 2;
+/// Jobs of one namespace waiting in a queue, at most (more are retried at the next resync).
+pub const QUEUED_PER_NAMESPACE: usize = 64;
+
+/// [`WORKERS_PER_QUEUE`] worker threads draining one queue, fair across namespaces
+/// ([`FairQueue`]); `queued` deduplicates jobs until they finish.
 fn worker(
     name: &str,
-    rx: mpsc::Receiver<Job>,
+    q: Arc<FairQueue<Job>>,
     cluster: Arc<KubeCluster>,
     agent: Arc<Agent>,
     queued: Arc<Mutex<HashSet<String>>>,
 ) {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            for job in rx {
+    for i in 0..WORKERS_PER_QUEUE {
+        let (q, cluster, agent, queued) =
+            (q.clone(), cluster.clone(), agent.clone(), queued.clone());
+        std::thread::Builder::new()
+            .name(format!("{name}-{i}"))
+            .spawn(move || loop {
+                let (ns, job) = q.pop();
                 let key = job_key(&job);
                 match &job {
                     Job::Checkpoint(c) => cluster.run_checkpoint(&agent, c),
@@ -991,9 +1010,10 @@ fn worker(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&key);
-            }
-        })
-        .expect("spawn a worker thread");
+                q.done(&ns);
+            })
+            .expect("spawn a worker thread");
+    }
 }
 
 /// Starts the reflectors, watchers and workers on the current runtime.
@@ -1067,25 +1087,32 @@ pub async fn start(
     }
 
     let queued = Arc::new(Mutex::new(HashSet::<String>::new()));
-    let (ckpt_tx, ckpt_rx) = mpsc::sync_channel::<Job>(256);
-    let (rest_tx, rest_rx) = mpsc::sync_channel::<Job>(256);
+    let ckpt_tx = Arc::new(FairQueue::<Job>::new(QUEUED_PER_NAMESPACE));
+    let rest_tx = Arc::new(FairQueue::<Job>::new(QUEUED_PER_NAMESPACE));
     let rest_tx2 = rest_tx.clone();
     worker(
         "checkpoints",
-        ckpt_rx,
+        ckpt_tx.clone(),
         cluster.clone(),
         agent.clone(),
         queued.clone(),
     );
-    worker("restores", rest_rx, cluster.clone(), agent, queued.clone());
-    let enqueue = move |tx: &mpsc::SyncSender<Job>, job: Job| {
+    worker(
+        "restores",
+        rest_tx.clone(),
+        cluster.clone(),
+        agent,
+        queued.clone(),
+    );
+    let enqueue = move |tx: &Arc<FairQueue<Job>>, job: Job| {
         let key = job_key(&job);
         let fresh = queued
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key.clone());
-        if fresh && tx.try_send(job).is_err() {
-            warn!(job = %key, "work queue full; the job is retried at the next resync");
+        let ns = job_namespace(&job).to_owned();
+        if fresh && tx.push(&ns, job).is_err() {
+            warn!(job = %key, "this namespace's work queue is full; the job is retried at the next resync");
             queued
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -1221,8 +1248,8 @@ async fn recover(
     client: &Client,
     node: &str,
     cluster: &Arc<KubeCluster>,
-    enqueue: &(impl Fn(&mpsc::SyncSender<Job>, Job) + Send + Sync),
-    rest_tx: &mpsc::SyncSender<Job>,
+    enqueue: &(impl Fn(&Arc<FairQueue<Job>>, Job) + Send + Sync),
+    rest_tx: &Arc<FairQueue<Job>>,
 ) {
     let mine = |n: Option<&String>| n.is_some_and(|n| n == node);
     match Api::<PodCheckpoint>::all(client.clone())

@@ -15,6 +15,7 @@
 pub mod checks;
 pub mod error;
 pub mod executor;
+pub mod fair;
 pub mod fence;
 pub mod http;
 /// The keyring and data key Secrets, shared with the controller's key broker.
