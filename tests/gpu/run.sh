@@ -248,13 +248,17 @@ snapshot
 # tears the GPU down between the --stop and the restore; the machine's settings stay as they are.
 if ((API)); then
   mkfifo "$WORK/keeper.in"
-  "$RT" --keep-driver <"$WORK/keeper.in" >"$RES/keeper.json" 2>&1 &
+  "$RT" --keep-driver <"$WORK/keeper.in" >"$RES/keeper.json" 2>"$RES/keeper.err" &
   STARTED+=($!)
   disown # ended by cleanup: no "Killed" notice
   # The write end stays open in this shell: the helper ends when this script does (end of file).
   exec 9>"$WORK/keeper.in"
   sleep 1
-  say "driver held open by pid ${STARTED[-1]}: $(cat "$RES/keeper.json")"
+  if alive "${STARTED[-1]}" && [[ -s $RES/keeper.json ]]; then
+    say "driver held open by pid ${STARTED[-1]}: $(cat "$RES/keeper.json")"
+  else
+    say "the helper that holds the driver open did not start: $(cat "$RES/keeper.err" 2>/dev/null)"
+  fi
 fi
 
 # ---------------------------------------------------------------------------------------------

@@ -97,6 +97,11 @@ if [[ $last == "stasis-gpu-roun lock;stasis-gpu-roun checkpoint;" ]]; then
 else
   bad "the last driver calls were not the final suspend of the restored process: $last"
 fi
+if grep -q 'driver held open by pid [0-9]*: {"driver_load_ms"' "$FAKE_DIST/out/gpu-run.log" 2>/dev/null; then
+  ok "a helper held the driver open for the run (no persistence mode)"
+else
+  bad "no helper held the driver open: $(grep -m1 'driver held open' "$FAKE_DIST/out/gpu-run.log" 2>/dev/null || echo 'not started')"
+fi
 python3 - "$FAKE_DIST/out/gpu-results.json" <<'PY' && ok "report: GB/s from the bytes the driver moved, which exceed the tensors" || bad "report bytes"
 import json, sys
 r = json.load(open(sys.argv[1]))
