@@ -277,7 +277,7 @@ if ((TORCH)); then
   # checkpoint API does not support (CUDA_ERROR_NOT_SUPPORTED).
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
     setsid python3 "$HERE/workload.py" --dir "$STATE" --gib "$GIB" "${SAVE[@]}" \
-    </dev/null >"$WORK/workload.log" 2>&1 &
+    </dev/null >"$WORK/workload.log" 2>&1 9>&- & # fd 9: the driver helper's pipe, not the workload's
   STARTED+=($!)
   if wait_file "$STATE/ready" "$(( $(left) > 150 ? 150 : $(left) ))"; then
     cp "$STATE/ready" "$RES/ready.json"
