@@ -14,7 +14,8 @@
 #   - a checkpoint records the GPU and its restore passes the compatibility check on the same
 #     node, and is refused on another model or driver branch with the field named;
 #   - a driver call that hangs fails the checkpoint within the deadline, and a GPU restore that
-#     fails after a leave-running dump: either way the workload is killed, never left locked.
+#     fails after a leave-running dump: either way the workload is killed, never left locked;
+#   - run.sh killed outright half-way has already written the figures of the phases it finished.
 # stasis runs with CUDA_VISIBLE_DEVICES=-1 in its environment throughout, which hides the GPU
 # from a process that honours it: stasis must not.
 #
@@ -200,6 +201,46 @@ elif grep -q "were killed" "$W/oom.out" && dead_within "$pid" 5; then
   ok "a failed GPU restore after a leave-running dump: $(grep -m1 '^error' "$W/oom.out")"
 else
   bad "failed restore: $(cat "$W/oom.out"); workload alive: $(dead_within "$pid" 0 && echo no || echo yes)"
+fi
+
+# A machine that stops answering in the middle of run.sh: what was measured so far must already be
+# in $OUT. run.sh is killed outright (no exit trap) once stasis has unlocked the restored process,
+# which is after the --stop checkpoint's phase ended.
+mv "$CALLS" "$CALLS.1"
+OUT2=$FAKE_DIST/out2
+OUT=$OUT2 STASIS_GPU_DIST=$FAKE_DIST STASIS_GPU_TEST_GIB=0.01 STASIS_GPU_TEST_BUDGET=180 \
+  "$ROOT/tests/gpu/run.sh" >"$W/cut.log" 2>&1 &
+run_pid=$!
+for _ in $(seq 600); do
+  grep -q "^stasis [0-9]* unlock " "$CALLS" 2>/dev/null && break
+  sleep 0.1
+done
+restored_pid=$(awk '$1 == "stasis" && $3 == "unlock" {p = $4} END {print p}' "$CALLS" 2>/dev/null)
+children=$(ps -o pid= --ppid "$run_pid" 2>/dev/null || true)
+kill -9 "$run_pid" 2>/dev/null || true
+wait "$run_pid" 2>/dev/null || true
+# What run.sh's exit would have stopped: its children, the restored workload (checkpointed
+# first, as run.sh does), the driver helper, its work dir.
+for p in $children; do kill -9 "$p" 2>/dev/null || true; done
+if [[ -n $restored_pid ]]; then
+  "$RT" "$restored_pid" --tree --action suspend >/dev/null 2>&1 || true
+  kill -9 "$restored_pid" 2>/dev/null || true
+fi
+helper=$(grep -o 'driver held open by pid [0-9]*' "$W/cut.log" | grep -o '[0-9]*$' || true)
+[[ -n $helper ]] && kill -9 "$helper" 2>/dev/null || true
+cut_work=$(grep -o 'work dir /[^ ]*' "$W/cut.log" | head -n1 | cut -d' ' -f3)
+[[ $cut_work == /tmp/stasis-gpu.* ]] && rm -rf "$cut_work"
+if [[ -z $restored_pid ]]; then
+  bad "run.sh never reached the restore before it was cut off: $(tail -n 3 "$W/cut.log")"
+elif python3 - "$OUT2/gpu-results.json" <<'PY'
+import json, sys
+rows = {(x["group"], x["phase"]) for x in json.load(open(sys.argv[1]))["rows"]}
+assert ("stasis, stop + restore", "checkpoint (GPU -> host)") in rows, sorted(rows)
+PY
+then
+  ok "run.sh cut off after the restore: the --stop checkpoint's figures were already in \$OUT"
+else
+  bad "run.sh cut off after the restore: \$OUT lacks the --stop checkpoint's figures ($(ls "$OUT2" 2>&1 | tr '\n' ' '))"
 fi
 
 if ((FAILS > 0)); then
