@@ -542,6 +542,14 @@ pub fn resume_after_restore(
         None => Vec::new(),
     };
     let remap = remap_onto(recorded, &node, &assigned)?;
+    if remap.is_some() && node.persistence_mode == Some(false) {
+        // The documented requirement (persistence mode or cuInit in the caller) is met by the
+        // cuInit above, but NVIDIA's own migration demo refuses to run without persistence mode.
+        tracing::warn!(
+            "restoring onto other GPUs with persistence mode off; if the restore fails, turn \
+             persistence mode on (nvidia-smi -pm 1 or nvidia-persistenced) and retry"
+        );
+    }
     let phases = resume_restored_tree(root, processes as usize, remap.as_deref())?;
     Ok(GpuRestoreReport {
         processes,
