@@ -842,3 +842,71 @@ fn a_damaged_manifest_is_listed_as_unreadable_and_blocks_the_gc_sweep() {
     r.wait_count(&w, 2);
     assert!(!r.corrupt());
 }
+
+/// B1 ("not fresh"): a bundle stasis already restored into holds that container's files; a
+/// restore of another container's checkpoint into it is refused and deletes nothing there, while
+/// a checkpoint of the container restored there goes back into it (migration in place).
+#[test]
+fn a_bundle_already_restored_into_takes_only_its_own_container_back() {
+    if !ready("a_bundle_already_restored_into_takes_only_its_own_container_back") {
+        return;
+    }
+    let mut w = World::new();
+    w.start("nf-a", &["STATE_MB=8"]);
+    let from_a = checkpoint(&w, "nf-a", &[]).expect_ok("checkpoint of nf-a");
+    let b = w.bundle("bundle-nf", &["STATE_MB=8"]);
+    let _x = Own(&w, "nf-x");
+    restore_into(&w, &b, "nf-x", &[]).expect_ok("restore into a fresh bundle");
+    // The restored container writes a file of its own.
+    let own = b.join("rootfs/tmp/written-by-nf-x");
+    std::fs::write(&own, "mine").unwrap();
+    let from_x = checkpoint(&w, "nf-x", &["--stop"]).expect_ok("checkpoint --stop of nf-x");
+    w.runc(&["delete", "--force", "nf-x"]);
+
+    let mut args = vec!["restore", from_a.as_str(), "--bundle", b.to_str().unwrap()];
+    args.extend(["--container-id", "nf-y"]);
+    let err = w
+        .stasis(&args)
+        .expect_err("restore of another container's checkpoint");
+    assert!(
+        err.contains("already restored into") && err.contains("nf-x"),
+        "{err}"
+    );
+    assert!(
+        own.exists(),
+        "a file of the container restored there was deleted"
+    );
+    assert_eq!(w.status("nf-y"), None);
+
+    let mut args = vec!["restore", from_x.as_str(), "--bundle", b.to_str().unwrap()];
+    args.extend(["--container-id", "nf-x"]);
+    w.stasis(&args)
+        .expect_ok("restore of nf-x back into its bundle");
+    assert!(own.exists());
+    wait_running(&w, "nf-x");
+}
+
+/// Item 4, for stasis's own restores: a restored container's stdout and stderr are a pipe to a
+/// forwarder that appends to its log, not the log file itself, so it can be checkpointed and
+/// restored again (before, its fd 1 was a host file: `Can't lookup mount`).
+#[test]
+fn a_restored_container_checkpoints_again_and_its_log_still_fills() {
+    if !ready("a_restored_container_checkpoints_again_and_its_log_still_fills") {
+        return;
+    }
+    let mut w = World::new();
+    w.start("ch-a", &["STATE_MB=8"]);
+    checkpoint(&w, "ch-a", &[]).expect_ok("first checkpoint");
+    w.kill("ch-a");
+    let (run, b) = w.restore("counter/latest", "ch-b", &["STATE_MB=8"], &[]);
+    run.expect_ok("first restore");
+    b.wait_count(&w, 3);
+    let at = b.last_count();
+    checkpoint(&w, "ch-b", &[]).expect_ok("checkpoint of a restored container");
+    w.kill("ch-b");
+    let (run, c) = w.restore("counter/latest", "ch-c", &["STATE_MB=8"], &[]);
+    run.expect_ok("second restore");
+    c.wait_count(&w, 3);
+    assert!(c.counts()[0] >= at, "{:?} (was {at})", c.counts());
+    assert!(!c.corrupt());
+}

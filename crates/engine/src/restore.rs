@@ -335,16 +335,7 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
     }
     let pid_file = req.bundle.join("stasis-restored.pid");
     let _ = std::fs::remove_file(&pid_file);
-    let stdio = req
-        .stdio_log
-        .map(|p| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(EngineError::io(p))
-        })
-        .transpose()?;
+    let stdio = req.stdio_log.map(log_forwarder).transpose()?;
     // Connections are restored as they were, or closed (`tcp-close`, which runc has no flag
     // for); the caller decides with `sockets::decide_for` (DESIGN §9.8).
     let conf = if req.tcp_established {
@@ -403,6 +394,38 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
     }
     info!(container = req.new_id, pid, "container restored");
     Ok(restored)
+}
+
+/// The restored container's stdout and stderr: a pipe whose reader, a `cat` in a session of its
+/// own, appends to `log`. Not the file itself: a container holding a host file open cannot be
+/// checkpointed again (CRIU cannot find its mount), while a pipe to the outside is what runc
+/// checkpoints and restores as external stdio, as with containerd's shim.
+fn log_forwarder(log: &Path) -> Result<std::fs::File, EngineError> {
+    use std::process::{Command, Stdio};
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(EngineError::io(log))?;
+    let (read, write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| EngineError::Io {
+            path: log.to_path_buf(),
+            source: e.into(),
+        })?;
+    // Not waited for: it outlives this process (its reaper takes it over) and ends when the
+    // container's last writer closes the pipe.
+    #[allow(clippy::zombie_processes)]
+    Command::new("setsid")
+        .arg("cat")
+        .stdin(Stdio::from(read))
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| EngineError::ToolMissing {
+            tool: "setsid/cat".into(),
+            hint: format!("cannot start the log forwarder for {}: {e}", log.display()),
+        })?;
+    Ok(std::fs::File::from(write))
 }
 
 /// Deletes the container `id` after a failed restore, if it is the one this restore created

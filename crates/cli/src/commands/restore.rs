@@ -1,9 +1,10 @@
 //! `stasis restore`.
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use serde::Serialize;
 use stasis_core::fingerprint::RestoreTarget;
 use stasis_core::manifest::Source;
@@ -83,6 +84,10 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         return Err(EngineError::Incompatible(mismatches).into());
     }
     // What the target bundle must be (fresh, the bundle's own rootfs, not in use, memory).
+    let source_container = match &manifest.source {
+        Source::Container { container_id } => Some(container_id.as_str()),
+        Source::Process { .. } => None,
+    };
     if let Some(bundle) = &args.bundle {
         restore::check_target(
             bundle,
@@ -91,6 +96,9 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
                 manifest.files.iter().map(|f| (f.path.as_str(), f.size)),
             )),
         )?;
+        if manifest.rootfs.is_some() {
+            check_not_restored_into(bundle, source_container)?;
+        }
     }
 
     let scratch = ScratchDir::new(&args.work_dir, "restore")?;
@@ -141,6 +149,11 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             .log
             .clone()
             .unwrap_or_else(|| bundle.join("container.log"));
+        let marker = manifest
+            .rootfs
+            .is_some()
+            .then(|| Marker::write(bundle, new_id, &exact.to_string(), source_container))
+            .transpose()?;
         let r = restore::restore_container_reporting(&ContainerRestore {
             runc: &runc,
             new_id,
@@ -151,7 +164,19 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             stdio_log: Some(&log),
             gpu,
         })
-        .map_err(|e| keep_failure_logs(e, &scratch))?;
+        .map_err(|e| {
+            // Refused before its rootfs was touched: the bundle is as fresh as it was.
+            if let (
+                EngineError::ContainerExists { .. }
+                | EngineError::Busy { .. }
+                | EngineError::Bundle { .. },
+                Some(m),
+            ) = (&e, &marker)
+            {
+                m.undo();
+            }
+            keep_failure_logs(e, &scratch)
+        })?;
         (format!("container {new_id}"), r, decision)
     };
     spinner.finish_and_clear();
@@ -182,4 +207,78 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         )
     });
     Ok(ExitCode::SUCCESS)
+}
+
+/// The file a container restore leaves in its bundle before it writes into the rootfs: that
+/// rootfs then holds the restored container's files (and, later, what it writes), so it is no
+/// longer a fresh copy of the image.
+const RESTORED_MARKER: &str = ".stasis-restored";
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct MarkerDoc {
+    container_id: String,
+    checkpoint: String,
+    #[serde(default)]
+    source_container: Option<String>,
+}
+
+/// A bundle stasis already restored into is not fresh: a restore of another container's
+/// checkpoint would delete or overwrite the files of the one restored there. Allowed: a
+/// checkpoint of that very container (migrating it in place: checkpoint --stop, restore into the
+/// same bundle).
+fn check_not_restored_into(bundle: &Path, source: Option<&str>) -> anyhow::Result<()> {
+    let p = bundle.join(RESTORED_MARKER);
+    let Ok(raw) = std::fs::read(&p) else {
+        return Ok(());
+    };
+    let doc: Option<MarkerDoc> = serde_json::from_slice(&raw).ok();
+    if let (Some(d), Some(src)) = (&doc, source) {
+        if d.container_id == src {
+            return Ok(());
+        }
+    }
+    let what = doc.map_or_else(
+        || "an earlier restore".to_owned(),
+        |d| format!("container {:?} (from {})", d.container_id, d.checkpoint),
+    );
+    bail!(
+        "bundle {}: it was already restored into ({what}, per {}): its rootfs holds that container's files, which this restore would delete or overwrite; make a fresh bundle from the image{}",
+        bundle.display(),
+        p.display(),
+        source.map_or_else(String::new, |_| ", or restore a checkpoint of that container".to_owned())
+    )
+}
+
+/// The marker this restore wrote, and what it replaced (to put back if the restore is refused
+/// before it touches the rootfs).
+struct Marker {
+    path: std::path::PathBuf,
+    before: Option<Vec<u8>>,
+}
+
+impl Marker {
+    fn write(
+        bundle: &Path,
+        id: &str,
+        checkpoint: &str,
+        source: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let path = bundle.join(RESTORED_MARKER);
+        let before = std::fs::read(&path).ok();
+        let doc = MarkerDoc {
+            container_id: id.to_owned(),
+            checkpoint: checkpoint.to_owned(),
+            source_container: source.map(str::to_owned),
+        };
+        std::fs::write(&path, serde_json::to_vec(&doc)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(Self { path, before })
+    }
+
+    fn undo(&self) {
+        let _ = match &self.before {
+            Some(b) => std::fs::write(&self.path, b),
+            None => std::fs::remove_file(&self.path),
+        };
+    }
 }
