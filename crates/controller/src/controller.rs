@@ -649,6 +649,30 @@ fn wrong_node(
     })
 }
 
+/// Why a `PodRestore`'s status was not written by the agent of its target pod's node (`None`:
+/// it was, or the pod is not in the cache).
+fn restore_from_other_node(pr: &PodRestore, pods: &Store<Pod>) -> Option<String> {
+    let ns = pr.namespace()?;
+    let pod = pods.find(|p| {
+        p.metadata.namespace.as_deref() == Some(ns.as_str())
+            && p.metadata.name.as_deref() == Some(pr.spec.target_pod_name.as_str())
+            && pr
+                .spec
+                .target_pod_uid
+                .as_deref()
+                .is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
+    })?;
+    let on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())?;
+    let written_by = pr.status.as_ref().and_then(|s| s.node.as_deref());
+    (written_by != Some(on)).then(|| {
+        format!(
+            "its status was written by the agent of node {}, but pod {} is on node {on}",
+            written_by.unwrap_or("(none)"),
+            pr.spec.target_pod_name
+        )
+    })
+}
+
 /// `sha256:` and 64 lowercase hex digits: the form of `PodCheckpoint.status.manifestDigest`.
 fn is_manifest_digest(d: &str) -> bool {
     d.strip_prefix("sha256:").is_some_and(|h| {
@@ -1003,6 +1027,18 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
                 .await?;
         }
         return Ok(Action::await_change());
+    }
+    // Only the agent of the target pod's node reports its restore: another node's agent (the
+    // first writer of a PodRestore that has no node label) changes no record.
+    if matches!(
+        phase,
+        Some(RestorePhase::Restored | RestorePhase::Failed | RestorePhase::ColdStart)
+    ) {
+        if let Some(why) = restore_from_other_node(&pr, &ctx.pods) {
+            ctx.metrics.refused("OtherNode");
+            tracing::warn!(restore = %pr.name_any(), namespace = %ns, %why, "restore report not counted");
+            return Ok(Action::await_change());
+        }
     }
     match phase {
         Some(RestorePhase::Restored) => r.lineage.record_restore_success(),
@@ -1755,6 +1791,38 @@ mod tests {
         ck.status.as_mut().unwrap().node = Some("worker-1".into());
         assert_eq!(wrong_node(&ck, Some("uid-1"), &store_of(vec![pod])), None);
         assert_eq!(wrong_node(&ck, Some("uid-1"), &store_of(vec![])), None);
+    }
+
+    /// A restore failure reported by another node's agent (it wrote the status of a pending
+    /// `PodRestore` of a pod on worker-1 first) changes no record: no integrity alarm, no
+    /// failure against the checkpoint.
+    #[tokio::test]
+    async fn a_restore_reported_by_another_nodes_agent_is_not_counted() {
+        let r = record_of_a("prod");
+        let l = r.lineage.id.clone();
+        let id = CheckpointId::from_parts(1_700_000_010_000, 1);
+        let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
+        let (client, seen) = routed_client(vec![(
+            cm_path,
+            serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+        )]);
+        let mut pod = running_pod("2026-01-01T00:00:00Z");
+        pod.metadata.name = Some("t".into());
+        let pr: PodRestore = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
+            "metadata": {"name": "t", "namespace": "prod"},
+            "spec": {"checkpointRef": format!("{l}/{id}"), "targetPodName": "t", "lineage": l.as_str()},
+            "status": {"phase": "Failed", "node": "worker-2", "message": "cold start: store: manifest missing",
+                       "conditions": [{"type": "Ready", "status": "False", "reason": reason::CHECKPOINT_DAMAGED,
+                                       "message": "m", "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
+        }))
+        .unwrap();
+        let ctx = context_with(client, vec![], vec![r.clone()], vec![pod.clone()], vec![]);
+        reconcile_restore(Arc::new(pr.clone()), ctx).await.unwrap();
+        assert!(writes(&seen).is_empty(), "{:#?}", writes(&seen));
+        let mut mine = pr;
+        mine.status.as_mut().unwrap().node = Some("worker-1".into());
+        assert_eq!(restore_from_other_node(&mine, &store_of(vec![pod])), None);
     }
 
     /// A termination checkpoint of another namespace's pod does not hold that lineage's claims
