@@ -469,6 +469,21 @@ fn a_read_only_store_fails_a_checkpoint_before_the_freeze_and_still_restores() {
     r.key = w.key.clone();
     r.runc_root = w.runc_root.clone();
 
+    let doctor = r.stasis(&["doctor", "-o", "json"]).json();
+    let store_check = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "store")
+        .cloned()
+        .unwrap();
+    assert!(
+        store_check["detail"]
+            .as_str()
+            .unwrap()
+            .contains("READ-ONLY"),
+        "{store_check}"
+    );
     let err = checkpoint(&r, "b17-a", &[]).expect_err("checkpoint into a read-only store");
     assert!(
         err.contains("nothing was frozen") && err.contains("Read-only"),

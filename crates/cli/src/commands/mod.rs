@@ -98,9 +98,19 @@ pub(crate) fn store_reachable(url: &str) -> Result<String, (String, String)> {
     let store =
         Store::open_with(url, store_options(Access::Read)).map_err(|e| (e.to_string(), fix()))?;
     let rt = runtime().map_err(|e| (e.to_string(), fix()))?;
-    rt.block_on(store.list(None))
-        .map(|l| format!("{url}: reachable, {} checkpoints", l.len()))
-        .map_err(|e| (e.to_string(), fix()))
+    let n = rt
+        .block_on(store.list(None))
+        .map_err(|e| (e.to_string(), fix()))?
+        .len();
+    // Whether checkpoints can be written (a probe object, put and deleted): a read-only store
+    // still serves restores, so it is said, not failed.
+    match rt.block_on(store.check_writable()) {
+        Ok(()) => Ok(format!("{url}: reachable, writable, {n} checkpoints")),
+        Err(e) if e.is_read_only() => Ok(format!(
+            "{url}: reachable, {n} checkpoints, READ-ONLY here: restores work, checkpoints will fail ({e})"
+        )),
+        Err(e) => Err((e.to_string(), fix())),
+    }
 }
 
 /// An engine failure that cites a log in the scratch directory (about to be removed): the
