@@ -78,7 +78,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
         });
     }
     // CRIU must be usable before anything is frozen.
-    tools::criu_checked()?;
+    let (criu_path, _) = tools::criu_checked()?;
     let _lock = WorkloadLock::acquire_as(
         &format!("container-{}-{}", req.runc.root.display(), req.id),
         &format!("another checkpoint of container {:?}", req.id),
@@ -137,7 +137,7 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
     };
     let conf = CriuConf::write(
         &req.image.root,
-        &sockets::dump_options(!req.tcp_established),
+        &sockets::dump_options(!req.tcp_established, sockets::nftables_lock(&criu_path)),
     )?;
 
     let t = Instant::now();
@@ -410,7 +410,7 @@ pub fn checkpoint_process(req: &ProcessCheckpoint<'_>) -> Result<Captured, Engin
     } else {
         let c = conf.insert(CriuConf::write(
             &req.image.root,
-            &sockets::dump_options(true),
+            &sockets::dump_options(true, false),
         )?);
         c.criu_wrapper(&criu_path)?
     };

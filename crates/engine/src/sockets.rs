@@ -372,12 +372,37 @@ impl Drop for CriuConf {
 /// The CRIU options of a dump: connections are dumped (`--tcp-established`, which stasis passes
 /// itself) unless `close`, and connections half-way through a listening socket's accept queue are
 /// left out (`skip-in-flight`: their clients retry), so a busy server's checkpoints do not fail.
-pub fn dump_options(close: bool) -> Vec<&'static str> {
+/// `nftables`: CRIU locks the network with nftables ([`nftables_lock`]).
+pub fn dump_options(close: bool, nftables: bool) -> Vec<&'static str> {
     let mut o = vec!["skip-in-flight"];
     if close {
         o.push("tcp-close");
     }
+    if nftables {
+        o.push("network-lock nftables");
+    }
     o
+}
+
+/// Whether CRIU should lock the network with nftables (`criu check --feature
+/// network_lock_nftables`, asked once per process) rather than its default, iptables. nftables
+/// runs inside CRIU (libnftables); iptables is a program CRIU runs, and the agent runs CRIU with
+/// `chroot /host`, a root that CRIU loses when it comes back from the dumped container's mount
+/// namespace: its unlock then finds no `iptables-restore` and the pod's network namespace stays
+/// locked (a `CRIU` chain that drops everything, one more jump per heartbeat) — seen on the local
+/// cluster, where a pod stopped answering its readiness probe after its first checkpoint. The
+/// restore takes the method from the checkpoint's inventory.
+pub fn nftables_lock(criu: &Path) -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        std::process::Command::new(criu)
+            .args(["check", "--feature", "network_lock_nftables"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 /// CRIU's network lock (`iptables_network_lock_internal`): the rules it loads into a namespace
@@ -411,7 +436,8 @@ pub fn probe(criu: &Path) -> Result<String, (String, String)> {
             .map(|s| s.success())
             .map_err(|e| format!("cannot run {}: {e}", criu.display()))
     };
-    let known = run_check(&dump_options(true));
+    let nft = nftables_lock(criu);
+    let known = run_check(&dump_options(true, nft));
     let bogus = run_check(&["stasis-doctor-no-such-option"]);
     let _ = std::fs::remove_dir(&dir);
     match (known, bogus) {
@@ -429,6 +455,12 @@ pub fn probe(criu: &Path) -> Result<String, (String, String)> {
             ))
         }
         (Ok(true), Ok(false)) => {}
+    }
+    if nft {
+        return Ok(
+            "CRIU takes tcp-close and skip-in-flight from stasis's configuration file, and locks the network with nftables (inside CRIU): connections are dumped, a server accepting connections checkpoints, and a restore closes what it cannot keep"
+                .into(),
+        );
     }
     let lock = Command::new("unshare")
         .args(["--net", "iptables-restore", "-w"])
@@ -613,9 +645,12 @@ mod tests {
     #[test]
     fn conf_file_and_wrapper_are_written_and_removed() {
         let d = tempfile::tempdir().unwrap();
-        let mut c = CriuConf::write(d.path(), &dump_options(true)).unwrap();
+        let mut c = CriuConf::write(d.path(), &dump_options(true, true)).unwrap();
         let text = std::fs::read_to_string(&c.path).unwrap();
-        assert!(text.contains("\nskip-in-flight\ntcp-close\n"), "{text}");
+        assert!(
+            text.contains("\nskip-in-flight\ntcp-close\nnetwork-lock nftables\n"),
+            "{text}"
+        );
         let w = c.criu_wrapper(Path::new("/opt/it's/criu")).unwrap();
         let s = std::fs::read_to_string(&w).unwrap();
         assert!(s.contains(r"exec '/opt/it'\''s/criu' "), "{s}");
