@@ -14,6 +14,9 @@
 #   g. two replicas -> each resumes its own lineage, no checkpoint restored twice
 #   s. an image symlink to a node directory, replaced by a directory in the container, then an
 #      OOM restart in place -> the node directory is intact, the workload resumes with its files
+#   t. a server with a readiness probe every second, clients holding connections and health checks
+#      coming in: checkpointed at every 2 s heartbeat, drained -> restored on the other node, its
+#      clients reconnect to the restored process
 #
 # Needs root. Prints "N passed, M failed", exits non-zero when a
 # check failed. STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up (and stasis installed);
@@ -334,6 +337,141 @@ if [ -z "$OLD" ]; then fail "g: two counter pods run"; diagnose "$NS"; else
   check "g: no checkpoint restored twice (PodRestores of the namespace name distinct checkpoints)" bash -c \
     "all=\$(kubectl -n $NS get prestore -o jsonpath='{range .items[*]}{.spec.checkpointRef}{\"\\n\"}{end}'); [ -n \"\$all\" ] && [ \"\$(sort <<<\"\$all\" | uniq -d)\" = '' ]"
   for p in $NEW; do check "g: $p never state=CORRUPT" not_corrupt "$NS" "$p"; done
+fi
+kubectl delete namespace "$NS" --wait=false >/dev/null
+
+fi
+# ------------------------------------------------------------------ t. a server with clients
+if want t; then
+echo "# --- t. a server: a readiness probe every second, clients holding connections, 2 s heartbeats, drain"
+NS=e2e-tcp
+new_ns "$NS"
+policy "$NS" every-2s server 2s
+kubectl -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: server}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: server}}
+  template:
+    metadata: {labels: {app: server}}
+    spec:
+      runtimeClassName: stasis
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: counter
+        image: $COUNTER_IMAGE
+        imagePullPolicy: Never
+        env:
+        - {name: STATE_MB, value: "32"}
+        - {name: INTERVAL_MS, value: "100"}
+        - {name: LISTEN_PORT, value: "7070"}
+        - {name: STREAM_PORT, value: "7071"}
+        ports: [{containerPort: 7070}, {containerPort: 7071}]
+        readinessProbe: {tcpSocket: {port: 7070}, periodSeconds: 1, failureThreshold: 3}
+        resources:
+          limits: {memory: "224Mi"}
+EOF
+# The clients run on the host (it routes to the pod network): three hold a connection to the
+# stream port of the current pod (looked up again on every reconnect) and log each line with the
+# pod's IP; a fourth opens a connection to the line port every ~20 ms, as health checks do.
+cat >"$WORK/clients.py" <<'PY'
+import os, socket, subprocess, sys, threading, time
+ns, log, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+out = open(log, "a", buffering=1)
+lock = threading.Lock()
+def say(*a):
+    with lock:
+        out.write("%.3f %s\n" % (time.time(), " ".join(str(x) for x in a)))
+def pod_ip():
+    r = subprocess.run(["kubectl", "-n", ns, "get", "pods", "-l", "app=server", "-o",
+        "jsonpath={range .items[?(@.status.phase=='Running')]}{.metadata.deletionTimestamp}{' '}{.status.podIP}{'\\n'}{end}"],
+        capture_output=True, text=True)
+    ips = [l.split()[-1] for l in r.stdout.splitlines() if l.strip() and len(l.split()) == 1]
+    return ips[0] if ips else None
+def holder(i):
+    while not os.path.exists(stop):
+        ip = pod_ip()
+        if not ip:
+            time.sleep(0.5); continue
+        try:
+            s = socket.create_connection((ip, 7071), timeout=3)
+        except OSError:
+            time.sleep(0.3); continue
+        s.settimeout(5)
+        say("holder", i, "connected", ip)
+        buf = b""
+        try:
+            while not os.path.exists(stop):
+                d = s.recv(4096)
+                if not d:
+                    break
+                buf += d
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    say("holder", i, ip, line.decode(errors="replace"))
+        except OSError as e:
+            say("holder", i, ip, "error", e)
+        say("holder", i, "closed", ip)
+        s.close()
+def churn():
+    n = e = 0
+    while not os.path.exists(stop):
+        ip = pod_ip()
+        for _ in range(50):
+            try:
+                s = socket.create_connection((ip, 7070), timeout=2); s.recv(100); s.close(); n += 1
+            except (OSError, TypeError):
+                e += 1
+            time.sleep(0.02)
+        say("churn", "answered", n, "refused", e)
+ts = [threading.Thread(target=holder, args=(i,), daemon=True) for i in range(3)] + [threading.Thread(target=churn, daemon=True)]
+for t in ts: t.start()
+while not os.path.exists(stop): time.sleep(0.2)
+PY
+T_LOG=$WORK/clients.log T_STOP=$WORK/clients.stop
+if first_pod P1 t "$NS" server; then
+  follow "$NS" "$P1"
+  N1=$(node_of "$NS" "$P1"); IP1=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.podIP}')
+  python3 "$WORK/clients.py" "$NS" "$T_LOG" "$T_STOP" &
+  T_CLIENTS=$!
+  check "t: three clients hold connections to $P1 ($IP1)" retry 30 bash -c "[ \$(grep -c 'connected $IP1' '$T_LOG') -ge 3 ]"
+  T0=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  t=$(date +%s.%N)
+  after_t0() { [ "$(ckpts "$NS" "$P1" | awk -v t="$T0" '$1 > t' | wc -l)" -ge 5 ]; }
+  check "t: five heartbeats of $P1 Succeeded while the clients held on and the probe and health checks came in" retry 90 after_t0
+  echo "# five heartbeats in $(secs "$t") s; $(grep churn "$T_LOG" | tail -1 | cut -d' ' -f2-)"
+  failed=$(kubectl -n "$NS" get pckpt -o json | jq -r --arg p "$P1" '.items[] | select(.spec.sourcePodName == $p and .status.phase == "Failed") | "\(.metadata.name): \(.status.message // .status.conditions)"')
+  check "t: no checkpoint of $P1 failed${failed:+ ($failed)}" test -z "$failed"
+  check "t: the held connections lived through the heartbeats (none closed)" bash -c "grep -q 'connected $IP1' '$T_LOG' && ! grep -q 'closed $IP1' '$T_LOG'"
+  check "t: $P1 stayed Ready" test "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True
+  echo "# readiness probe failures: $(kubectl -n "$NS" get events --field-selector involvedObject.name="$P1",reason=Unhealthy -o name | wc -l)"
+  LAST=$(ckpts "$NS" "$P1" | tail -1)
+  C_CKPT=$(count_before "$P1" "${LAST%% *}")
+  t=$(date +%s.%N)
+  out=$(kubectl drain "$N1" --ignore-daemonsets --delete-emptydir-data --pod-selector app=server --timeout=120s 2>&1); rc=$?
+  check "t: kubectl drain $N1" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
+  P2=$(wait_replacement "$NS" server "$P1" 120) || { fail "t: a replacement pod counts"; diagnose "$NS"; }
+  if [ -n "$P2" ]; then
+    IP2=$(kubectl -n "$NS" get pod "$P2" -o jsonpath='{.status.podIP}')
+    echo "# replacement $P2 ($IP2, $(node_of "$NS" "$P2")) counting $(secs "$t") s after the drain began"
+    C_FIRST=$(first_count "$NS" "$P2"); C_STOP=$(last_count "$P1")
+    echo "# count at the last heartbeat >= $C_CKPT, last count of $P1: $C_STOP, first count of $P2: $C_FIRST"
+    check "t: a PodRestore for it, phase Restored (not a cold start)" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore --field-selector spec.targetPodName=$P2 -o jsonpath='{.items[*].status.phase}')\" = Restored ]"
+    event "$NS" "$P2" Restored | sed 's/^/#   /'
+    check "t: its first count ($C_FIRST) >= the count at the last heartbeat ($C_CKPT)" ge "$C_FIRST" "$C_CKPT"
+    check "t: never state=CORRUPT" not_corrupt "$NS" "$P2"
+    check "t: $P2 is Ready (its probe answers)" retry 30 bash -c "[ \"\$(kubectl -n $NS get pod $P2 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]"
+    reconnected() { [ "$(grep -c "connected $IP2" "$T_LOG")" -ge 3 ] && [ "$(awk -v ip="$IP2" '$2 == "holder" && $4 == ip && $5 ~ /^count=/' "$T_LOG" | wc -l)" -ge 30 ]; }
+    check "t: the three clients reconnected to the restored process and stream its counts" retry 60 reconnected
+    C_CLIENT=$(awk -v ip="$IP2" '$2 == "holder" && $4 == ip && $5 ~ /^count=/ { print substr($5, 7); exit }' "$T_LOG")
+    check "t: ... which continue from the checkpoint (first count a client got: $C_CLIENT >= $C_FIRST)" ge "$C_CLIENT" "$C_FIRST"
+    check "t: a heartbeat of the restored $P2 Succeeded with the clients connected" retry 60 n_ckpts "$NS" "$P2" 1
+  fi
+  touch "$T_STOP"; wait "$T_CLIENTS" 2>/dev/null
+  echo "# clients: $(grep -c connected "$T_LOG") connections held in all, $(grep churn "$T_LOG" | tail -1 | cut -d' ' -f2-)"
+  kubectl uncordon "$N1" >/dev/null
 fi
 kubectl delete namespace "$NS" --wait=false >/dev/null
 
