@@ -27,12 +27,16 @@ pub const MAX_TIMEOUT_SECONDS: i32 = 3600;
     shortname = "pckpt",
     category = "stasis",
     selectable = ".spec.sourcePodName",
-    printcolumn = r#"{"name":"Source","type":"string","jsonPath":".spec.sourcePodName"}"#,
+    printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".spec.sourcePodName"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes","description":"Bytes of state captured, before deduplication and compression"}"#,
+    printcolumn = r#"{"name":"Freeze (ms)","type":"integer","jsonPath":".status.freezeMillis","description":"How long the workload was frozen"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.node"}"#,
-    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Uploaded","type":"integer","priority":1,"jsonPath":".status.uploadedBytes","description":"Bytes uploaded (new chunks, compressed)"}"#,
+    printcolumn = r#"{"name":"Total (ms)","type":"integer","priority":1,"jsonPath":".status.totalMillis"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
     category = "stasis",
     printcolumn = r#"{"name":"Interval","type":"string","jsonPath":".spec.interval"}"#,
     printcolumn = r#"{"name":"KeepLast","type":"integer","jsonPath":".spec.retention.keepLast"}"#,
+    printcolumn = r#"{"name":"Pods","type":"integer","jsonPath":".status.selectedPods"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

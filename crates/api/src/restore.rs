@@ -18,11 +18,15 @@ use serde::{Deserialize, Serialize};
     shortname = "prestore",
     category = "stasis",
     selectable = ".spec.targetPodName",
-    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetPodName"}"#,
+    printcolumn = r#"{"name":"Target Pod","type":"string","jsonPath":".spec.targetPodName"}"#,
     printcolumn = r#"{"name":"Checkpoint","type":"string","jsonPath":".spec.checkpointRef"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.node"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Source Pod","type":"string","priority":1,"jsonPath":".spec.sourcePodName"}"#,
+    printcolumn = r#"{"name":"Fetch (ms)","type":"integer","priority":1,"jsonPath":".status.fetchMillis"}"#,
+    printcolumn = r#"{"name":"Restore (ms)","type":"integer","priority":1,"jsonPath":".status.restoreMillis"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{

@@ -131,11 +131,14 @@ if out="$(kubectl patch podcheckpoint c1 --type merge -p '{"spec":{"sourcePodNam
 else
     grep -q "immutable" <<<"$out" && pass "PodCheckpoint spec is immutable" || fail "immutability message: $out"
 fi
-kubectl patch podcheckpoint c1 --subresource status --type merge -p '{"status":{"phase":"Succeeded","node":"worker-1","sizeBytes":268435456,"checkpointRef":"default_deploy_counter.3f2a9c10/20261129T090000.000Z-0000abcd","lineage":"default_deploy_counter.3f2a9c10","generation":2,"conditions":[{"type":"Ready","status":"True","reason":"CheckpointCompleted","message":"","lastTransitionTime":"2026-11-29T09:00:00Z"}]}}' >/dev/null \
+kubectl patch podcheckpoint c1 --subresource status --type merge -p '{"status":{"phase":"Succeeded","node":"worker-1","sizeBytes":268435456,"checkpointRef":"default_deploy_counter.3f2a9c10/20261129T090000.000Z-0000abcd","lineage":"default_deploy_counter.3f2a9c10","generation":2,"freezeMillis":850,"conditions":[{"type":"Ready","status":"True","reason":"CheckpointCompleted","message":"","lastTransitionTime":"2026-11-29T09:00:00Z"}]}}' >/dev/null \
     && pass "PodCheckpoint status through the status subresource" || fail "PodCheckpoint status patch"
 row="$(kubectl get podcheckpoints --no-headers --field-selector spec.sourcePodName=counter-abc)"
-[[ "$(awk '{print $2, $3, $4, $5, $6}' <<<"$row")" == "counter-abc Heartbeat Succeeded worker-1 268435456" ]] \
+[[ "$(awk '{print $2, $3, $4, $5, $6, $7}' <<<"$row")" == "counter-abc Heartbeat Succeeded 268435456 850 worker-1" ]] \
     && pass "kubectl get podcheckpoints columns and field selector" || fail "podcheckpoints row: $row"
+header="$(kubectl get podcheckpoints | head -1 | tr -s ' ')"
+[[ "$header" == "NAME POD REASON PHASE SIZE FREEZE (MS) NODE AGE" ]] \
+    && pass "podcheckpoints columns: $header" || fail "podcheckpoints header: $header"
 
 accepts "PodRestore" <<'EOF'
 apiVersion: stasis.dev/v1alpha1
@@ -154,6 +157,15 @@ else
     pass "PodRestore phase outside the enum refused"
 fi
 kubectl get stasis >/dev/null && pass "category 'stasis' lists all three kinds" || fail "kubectl get stasis"
+header="$(kubectl get podrestores | head -1 | tr -s ' ')"
+[[ "$header" == "NAME TARGET POD CHECKPOINT PHASE NODE AGE" ]] \
+    && pass "podrestores columns: $header" || fail "podrestores header: $header"
+row="$(kubectl get podrestore r1 --no-headers | awk '{print $2, $3, $4}')"
+[[ "$row" == "counter-xyz default_deploy_counter.3f2a9c10/20261129T090000.000Z-0000abcd ColdStart" ]] \
+    && pass "podrestores row: $row" || fail "podrestores row: $row"
+header="$(kubectl get checkpointpolicies | head -1 | tr -s ' ')"
+[[ "$header" == "NAME INTERVAL KEEPLAST PODS READY AGE" ]] \
+    && pass "checkpointpolicies columns: $header" || fail "checkpointpolicies header: $header"
 
 if ((failures)); then
     echo "apiserver-crds: $failures check(s) failed" >&2
