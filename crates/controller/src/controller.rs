@@ -31,8 +31,8 @@ use crate::keys::*;
 use crate::metrics::Metrics;
 use crate::record::{refresh, Holder, Record, Records};
 use crate::schedule::{
-    eligible, heartbeat_name, jitter_ms, next_heartbeat, policy_for, CheckpointView,
-    HeartbeatInputs, Next,
+    eligible, heartbeat_name, jitter_ms, next_heartbeat, policy_for, protected_since,
+    CheckpointView, HeartbeatInputs, Next,
 };
 use crate::webhook::{checkpoint_pod_uid, holder_state};
 use crate::{k8s_time, now_ms, time_ms, Error, Result};
@@ -487,6 +487,12 @@ async fn heartbeat(
         .and_then(|s| s.start_time.as_ref())
         .or(pod.metadata.creation_timestamp.as_ref())
         .map_or(now, time_ms);
+    ctx.metrics.checkpoint_freshness(
+        &ns,
+        &pod.name_any(),
+        protected_since(&mine, started),
+        interval,
+    );
     let probes = podfacts::liveness_probes(pod);
     let last_skip = ctx.skips.lock().ok().and_then(|s| s.get(&uid).copied());
     let inputs = HeartbeatInputs {
@@ -1182,6 +1188,19 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
         .map(|c| (**c).clone())
         .collect();
     let now = now_ms();
+    // Pods no longer checkpointed (gone, stopped, no policy) lose their checkpoint-age series.
+    let policies = ctx.policies.state();
+    let checkpointed: std::collections::HashSet<(String, String)> = pods
+        .iter()
+        .filter(|p| eligible(p, &ctx.cfg.runtime_class).is_ok())
+        .filter_map(|p| {
+            let ns = p.namespace()?;
+            policy_for(policies.iter().map(|p| p.as_ref()), &ns, p.labels())?;
+            Some((ns, p.name_any()))
+        })
+        .collect();
+    ctx.metrics
+        .retain_pods(|ns, pod| checkpointed.contains(&(ns.to_owned(), pod.to_owned())));
     relabel(ctx).await?;
     for mut r in ctx.all_records() {
         let ns = r.namespace.clone();
@@ -2074,6 +2093,33 @@ mod tests {
         assert_eq!(ctx.metrics.records_collected.get(), 1);
     }
 
+    #[tokio::test]
+    async fn the_sweep_drops_the_checkpoint_age_of_pods_no_longer_checkpointed() {
+        let pod = running_pod("2026-01-01T00:00:00Z");
+        let policies = context(routed_client(vec![]).0, vec![]).policies.state();
+        let policy = (*policies[0]).clone();
+        let (client, _) = routed_client(vec![]);
+        let ctx = context_with(client, vec![], vec![], vec![pod.clone()], vec![policy]);
+        let ten = Duration::from_secs(10);
+        ctx.metrics
+            .checkpoint_freshness("prod", "counter-7d9f8b6c5-abcde", 1_000, ten);
+        ctx.metrics.checkpoint_freshness("prod", "gone", 1_000, ten);
+        sweep(&ctx).await.unwrap();
+        let text = ctx.metrics.encode();
+        assert!(
+            text.contains("pod=\"counter-7d9f8b6c5-abcde\"} 1.0"),
+            "{text}"
+        );
+        assert!(!text.contains("pod=\"gone\""), "{text}");
+        // Its policy deleted: the running pod is no longer checkpointed either.
+        let (client, _) = routed_client(vec![]);
+        let ctx2 = context_with(client, vec![], vec![], vec![pod], vec![]);
+        ctx2.metrics
+            .checkpoint_freshness("prod", "counter-7d9f8b6c5-abcde", 1_000, ten);
+        sweep(&ctx2).await.unwrap();
+        assert!(!ctx2.metrics.encode().contains("counter-7d9f8b6c5-abcde"));
+    }
+
     /// A record written before the holder-UID label existed is written again with it (the
     /// agents stamp only from labelled records); a labelled one is left alone.
     #[tokio::test]
@@ -2191,6 +2237,14 @@ mod tests {
         );
         assert_eq!(body["metadata"]["annotations"][GENERATION_ANNOTATION], "2");
         assert_eq!(ctx.metrics.checkpoints_scheduled.get(), 1);
+        // No checkpoint yet: its age counts from the pod's start, against a 10 s interval.
+        let text = ctx.metrics.encode();
+        for line in [
+            "stasis_controller_last_checkpoint_timestamp_seconds{namespace=\"prod\",pod=\"counter-7d9f8b6c5-abcde\"} 1767225600.0",
+            "stasis_controller_checkpoint_interval_seconds{namespace=\"prod\",pod=\"counter-7d9f8b6c5-abcde\"} 10.0",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
 
         // With that checkpoint pending, the next reconcile asks nothing of the API server.
         let created: PodCheckpoint = serde_json::from_value(json!({

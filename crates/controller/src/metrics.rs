@@ -1,6 +1,9 @@
 //! Prometheus metrics (`/metrics`), prefix `stasis_controller_`.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +25,13 @@ pub struct ErrorLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
+}
+
+/// One opted-in pod.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    pub namespace: String,
+    pub pod: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,6 +68,15 @@ pub struct Metrics {
     /// Restores that found their checkpoint gone or damaged in the store (an alarm: the
     /// lineage cold-starts instead of restoring older memory).
     pub checkpoints_damaged: Counter,
+    /// Per pod the controller checkpoints (running, under a policy; leader only): when its
+    /// newest succeeded checkpoint froze it, Unix seconds, or when the pod started while it has
+    /// none. `time() - this > 2 * checkpoint_interval_seconds` is a checkpoint older than twice
+    /// its interval (the chart's `StasisCheckpointTooOld` alert).
+    pub last_checkpoint: Family<PodLabels, Gauge<f64, AtomicU64>>,
+    /// Per pod the controller checkpoints: its policy's heartbeat interval, seconds.
+    pub checkpoint_interval: Family<PodLabels, Gauge<f64, AtomicU64>>,
+    /// The pods of the two families above, so pods that are gone lose their series.
+    pods: Arc<Mutex<HashSet<PodLabels>>>,
 }
 
 impl Default for Metrics {
@@ -76,6 +95,9 @@ impl Default for Metrics {
             refused: Family::default(),
             records_collected: Counter::default(),
             checkpoints_damaged: Counter::default(),
+            last_checkpoint: Family::default(),
+            checkpoint_interval: Family::default(),
+            pods: Arc::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register("reconcile_errors", "Reconcile errors", m.errors.clone());
@@ -120,6 +142,16 @@ impl Default for Metrics {
             "Restores that found their checkpoint gone or damaged in the store",
             m.checkpoints_damaged.clone(),
         );
+        registry.register(
+            "last_checkpoint_timestamp_seconds",
+            "Per checkpointed pod: when its newest succeeded checkpoint froze it (Unix s), or when it started while it has none",
+            m.last_checkpoint.clone(),
+        );
+        registry.register(
+            "checkpoint_interval_seconds",
+            "Per checkpointed pod: its policy's heartbeat interval",
+            m.checkpoint_interval.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..m
@@ -162,6 +194,45 @@ impl Metrics {
             .inc();
     }
 
+    /// Records a checkpointed pod's newest checkpoint (or start, `last_unix_ms`) and interval.
+    pub fn checkpoint_freshness(
+        &self,
+        namespace: &str,
+        pod: &str,
+        last_unix_ms: u64,
+        interval: Duration,
+    ) {
+        let l = PodLabels {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+        };
+        self.last_checkpoint
+            .get_or_create(&l)
+            .set(last_unix_ms as f64 / 1000.0);
+        self.checkpoint_interval
+            .get_or_create(&l)
+            .set(interval.as_secs_f64());
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(l);
+    }
+
+    /// Drops the freshness series of pods `keep(namespace, pod)` refuses (gone, stopped, no
+    /// longer under a policy): a stale series would raise the age alert for a pod that no
+    /// longer exists.
+    pub fn retain_pods(&self, keep: impl Fn(&str, &str) -> bool) {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        pods.retain(|l| {
+            let kept = keep(&l.namespace, &l.pod);
+            if !kept {
+                self.last_checkpoint.remove(l);
+                self.checkpoint_interval.remove(l);
+            }
+            kept
+        });
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -190,5 +261,28 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn checkpoint_freshness_per_pod_until_the_pod_is_gone() {
+        let m = Metrics::default();
+        m.checkpoint_freshness("prod", "a", 1_700_000_000_500, Duration::from_secs(30));
+        m.checkpoint_freshness("prod", "b", 1_700_000_100_000, Duration::from_millis(1500));
+        // A newer checkpoint replaces the value, it adds no series.
+        m.checkpoint_freshness("prod", "a", 1_700_000_030_000, Duration::from_secs(30));
+        let text = m.encode();
+        for line in [
+            "# TYPE stasis_controller_last_checkpoint_timestamp_seconds gauge",
+            "stasis_controller_last_checkpoint_timestamp_seconds{namespace=\"prod\",pod=\"a\"} 1700000030.0",
+            "stasis_controller_checkpoint_interval_seconds{namespace=\"prod\",pod=\"a\"} 30.0",
+            "stasis_controller_checkpoint_interval_seconds{namespace=\"prod\",pod=\"b\"} 1.5",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        assert!(!text.contains("1700000000.5"), "{text}");
+        m.retain_pods(|ns, pod| ns == "prod" && pod == "b");
+        let text = m.encode();
+        assert!(!text.contains("pod=\"a\""), "{text}");
+        assert!(text.contains("pod=\"b\"} 1.5"), "{text}");
     }
 }

@@ -156,6 +156,17 @@ pub fn next_heartbeat(i: &HeartbeatInputs<'_>) -> Next {
     }
 }
 
+/// When the pod's newest succeeded checkpoint froze it (its start, else its creation; Unix ms),
+/// or `pod_started_unix_ms` while it has none: what the checkpoint-age metric reports.
+pub fn protected_since(checkpoints: &[CheckpointView], pod_started_unix_ms: u64) -> u64 {
+    checkpoints
+        .iter()
+        .filter(|c| c.phase == Some(CheckpointPhase::Succeeded))
+        .map(|c| c.started_unix_ms.unwrap_or(c.created_unix_ms))
+        .max()
+        .unwrap_or(pod_started_unix_ms)
+}
+
 /// A per-pod spread of heartbeats: BLAKE3 of the pod UID modulo a tenth of the interval.
 pub fn jitter_ms(uid: &str, interval: Duration) -> u64 {
     let tenth = (interval.as_millis() / 10) as u64;
@@ -289,6 +300,19 @@ mod tests {
             next_heartbeat(&inputs(&cks, &probes, 40_000)),
             Next::Create { .. }
         ));
+    }
+
+    #[test]
+    fn protected_since_the_newest_succeeded_checkpoint_else_the_start() {
+        assert_eq!(protected_since(&[], 1_000), 1_000);
+        let cks = [
+            view(Some(CheckpointPhase::Succeeded), 11_000, Some(200)),
+            view(Some(CheckpointPhase::Succeeded), 21_000, Some(200)),
+            view(Some(CheckpointPhase::Failed), 31_000, None),
+            view(Some(CheckpointPhase::Running), 41_000, None),
+        ];
+        assert_eq!(protected_since(&cks, 1_000), 21_100);
+        assert_eq!(protected_since(&cks[2..], 1_000), 1_000);
     }
 
     #[test]
