@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images platform demo test lint unit fuzz integration e2e e2e-install e2e-restore e2e-security bench clean cluster-up cluster-down
+.PHONY: help setup build images platform demo test lint unit fuzz integration e2e e2e-install e2e-restore e2e-security e2e-notice bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -20,9 +20,11 @@ images: ## the stasis-counter rootfs and OCI image
 demo: setup build images ## checkpoint → SIGKILL → restore of a stateful container
 	@tini -s -- scripts/demo
 
-lint: ## formatting, clippy and CRD drift, as CI runs them
+lint: ## formatting, clippy, rustdoc, shellcheck, helm lint against the values schema and CRD drift, as CI runs them
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --workspace --no-deps
+	scripts/lint
 	scripts/check-crd-drift
 
 unit: ## unit tests (no privileges needed)
@@ -47,6 +49,7 @@ e2e: setup images ## end-to-end tests on the local Kubernetes cluster: the clust
 	tests/e2e/install.sh || rc=1; \
 	STASIS_INSTALL_NO_BUILD=1 tests/e2e/restore.sh || rc=1; \
 	STASIS_INSTALL_NO_BUILD=1 tests/e2e/security.sh || rc=1; \
+	STASIS_INSTALL_NO_BUILD=1 tests/e2e/notice.sh || rc=1; \
 	exit $$rc
 
 e2e-install: setup images ## only the chart's install, upgrade and uninstall on the local cluster (tests/e2e/install.sh)
@@ -57,6 +60,9 @@ e2e-restore: setup images ## only the restore scenarios on the local cluster (te
 
 e2e-security: setup images ## only the security review's attacks on the local cluster (tests/e2e/security.sh)
 	tests/e2e/security.sh
+
+e2e-notice: setup images ## only the cloud notice (spot reclaim) on the local cluster (tests/e2e/notice.sh)
+	tests/e2e/notice.sh
 
 test: setup lint images ## everything CI runs: lint, unit, integration (real CRIU/runc), e2e (local cluster)
 	$(CARGO) build --locked --workspace --all-targets

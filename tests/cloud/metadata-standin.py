@@ -18,6 +18,10 @@ aws-scheduled|gcp-preempted|gcp-maintenance|azure-preempt|azure-terminate>[&seco
 notice due in N seconds (default 120); GET /_standin/acks lists acknowledged Azure events;
 GET /_standin/requests counts the requests served.
 
+Several machines at once: a path may start with /<machine>/ (e.g. a node's name: the local
+cluster's agents are given http://<host>:<port>/$(NODE_NAME)); each machine has its own notices
+and, on Azure, is the VM of that name.
+
 Usage: metadata-standin.py [--host H] [--port P] [--vm-name NAME]; prints "listening <port>".
 """
 import argparse
@@ -32,7 +36,11 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-STATE = {
+ROOTS = ("latest", "computeMetadata", "metadata", "_standin")
+
+
+def new_state():
+    return {
     "tokens": set(),
     "aws_spot": None,
     "aws_rebalance": None,
@@ -43,6 +51,9 @@ STATE = {
     "acks": [],
     "requests": 0,
 }
+
+
+MACHINES = {}
 LOCK = threading.Condition()
 VM_NAME = "stasis-standin-vm"
 
@@ -61,6 +72,19 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    def route(self):
+        """The URL with its machine prefix taken off; self.st and self.vm are that machine's."""
+        u = urlparse(self.path)
+        parts = u.path.split("/")
+        machine = ""
+        if len(parts) > 2 and parts[1] and parts[1] not in ROOTS:
+            machine = parts[1]
+            u = u._replace(path="/" + "/".join(parts[2:]))
+        with LOCK:
+            self.st = MACHINES.setdefault(machine, new_state())
+        self.vm = machine or VM_NAME
+        return u
+
     def send(self, code, body="", ctype="text/plain", headers=None):
         data = body.encode() if isinstance(body, str) else body
         try:
@@ -76,23 +100,23 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def do_PUT(self):
+        u = self.route()
         with LOCK:
-            STATE["requests"] += 1
-        u = urlparse(self.path)
+            self.st["requests"] += 1
         if u.path == "/latest/api/token":
             ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
             if not ttl or not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
                 return self.send(400, "missing or invalid X-aws-ec2-metadata-token-ttl-seconds")
             tok = uuid.uuid4().hex
             with LOCK:
-                STATE["tokens"].add(tok)
+                self.st["tokens"].add(tok)
             return self.send(200, tok, headers={"X-aws-ec2-metadata-token-ttl-seconds": ttl})
         self.send(404, "not found")
 
     def do_POST(self):
+        u = self.route()
         with LOCK:
-            STATE["requests"] += 1
-        u = urlparse(self.path)
+            self.st["requests"] += 1
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
         if u.path == "/metadata/scheduledevents":
@@ -104,35 +128,35 @@ class Handler(BaseHTTPRequestHandler):
             except (ValueError, KeyError, TypeError):
                 return self.send(400, '{"error": "malformed StartRequests"}')
             with LOCK:
-                STATE["acks"].extend(ids)
-                STATE["azure_events"] = [e for e in STATE["azure_events"] if e["EventId"] not in ids]
-                STATE["azure_incarnation"] += 1
+                self.st["acks"].extend(ids)
+                self.st["azure_events"] = [e for e in self.st["azure_events"] if e["EventId"] not in ids]
+                self.st["azure_incarnation"] += 1
             return self.send(200, "")
         self.send(404, "not found")
 
     def do_GET(self):
+        u = self.route()
         with LOCK:
-            STATE["requests"] += 1
-        u = urlparse(self.path)
+            self.st["requests"] += 1
         q = {k: v[0] for k, v in parse_qs(u.query).items()}
         p = u.path
         if p.startswith("/_standin/"):
             return self.control(p, q)
         if p.startswith("/latest/meta-data/"):
             with LOCK:
-                ok = self.headers.get("X-aws-ec2-metadata-token") in STATE["tokens"]
+                ok = self.headers.get("X-aws-ec2-metadata-token") in self.st["tokens"]
             if not ok:
                 return self.send(401, "")
             key = p[len("/latest/meta-data/"):]
             with LOCK:
                 if key == "spot/instance-action":
-                    v = STATE["aws_spot"]
+                    v = self.st["aws_spot"]
                     return self.send(200, json.dumps(v), "application/json") if v else self.send(404, "")
                 if key == "events/recommendations/rebalance":
-                    v = STATE["aws_rebalance"]
+                    v = self.st["aws_rebalance"]
                     return self.send(200, json.dumps(v), "application/json") if v else self.send(404, "")
                 if key == "events/maintenance/scheduled":
-                    return self.send(200, json.dumps(STATE["aws_scheduled"]), "application/json")
+                    return self.send(200, json.dumps(self.st["aws_scheduled"]), "application/json")
             return self.send(404, "")
         if p.startswith("/computeMetadata/v1/instance/"):
             if self.headers.get("Metadata-Flavor") != "Google":
@@ -144,61 +168,61 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 if q.get("wait_for_change") == "true":
                     last = q.get("last_etag")
-                    while last is not None and etag(STATE["gcp"][key]) == last and time.time() < deadline:
+                    while last is not None and etag(self.st["gcp"][key]) == last and time.time() < deadline:
                         LOCK.wait(timeout=max(0.0, deadline - time.time()))
                     if last is None:
                         # Without last_etag the first answer is immediate (as the service does).
                         pass
-                v = STATE["gcp"][key]
+                v = self.st["gcp"][key]
             return self.send(200, v, headers={"ETag": etag(v), "Metadata-Flavor": "Google"})
         if p == "/metadata/instance/compute/name":
             if self.headers.get("Metadata") != "true":
                 return self.send(400, '{"error": "Bad request. Required metadata header not specified"}')
-            return self.send(200, VM_NAME)
+            return self.send(200, self.vm)
         if p == "/metadata/scheduledevents":
             if self.headers.get("Metadata") != "true":
                 return self.send(400, '{"error": "Bad request. Required metadata header not specified"}')
             with LOCK:
-                doc = {"DocumentIncarnation": STATE["azure_incarnation"], "Events": STATE["azure_events"]}
+                doc = {"DocumentIncarnation": self.st["azure_incarnation"], "Events": self.st["azure_events"]}
             return self.send(200, json.dumps(doc), "application/json")
         self.send(404, "not found")
 
     def control(self, p, q):
         if p == "/_standin/acks":
             with LOCK:
-                return self.send(200, json.dumps(STATE["acks"]), "application/json")
+                return self.send(200, json.dumps(self.st["acks"]), "application/json")
         if p == "/_standin/requests":
             with LOCK:
-                return self.send(200, str(STATE["requests"]))
+                return self.send(200, str(self.st["requests"]))
         if p != "/_standin/arm":
             return self.send(404, "")
         kind = q.get("kind", "")
         due = time.time() + int(q.get("seconds", "120"))
         with LOCK:
             if kind == "aws-spot":
-                STATE["aws_spot"] = {"action": "terminate", "time": rfc3339(due)}
+                self.st["aws_spot"] = {"action": "terminate", "time": rfc3339(due)}
             elif kind == "aws-rebalance":
-                STATE["aws_rebalance"] = {"noticeTime": rfc3339(time.time())}
+                self.st["aws_rebalance"] = {"noticeTime": rfc3339(time.time())}
             elif kind == "aws-scheduled":
-                STATE["aws_scheduled"].append({
+                self.st["aws_scheduled"].append({
                     "NotBefore": email.utils.formatdate(due, usegmt=True)[5:],
                     "Code": "system-reboot", "Description": "scheduled reboot",
                     "EventId": "instance-event-" + uuid.uuid4().hex[:17],
                     "NotAfter": email.utils.formatdate(due + 1000, usegmt=True)[5:], "State": "active"})
             elif kind == "gcp-preempted":
-                STATE["gcp"]["preempted"] = "TRUE"
+                self.st["gcp"]["preempted"] = "TRUE"
             elif kind == "gcp-maintenance":
-                STATE["gcp"]["maintenance-event"] = "TERMINATE_ON_HOST_MAINTENANCE"
+                self.st["gcp"]["maintenance-event"] = "TERMINATE_ON_HOST_MAINTENANCE"
             elif kind in ("azure-preempt", "azure-terminate"):
-                STATE["azure_events"].append({
+                self.st["azure_events"].append({
                     "EventId": str(uuid.uuid4()).upper(),
                     "EventStatus": "Scheduled",
                     "EventType": "Preempt" if kind == "azure-preempt" else "Terminate",
                     "ResourceType": "VirtualMachine",
-                    "Resources": [VM_NAME],
+                    "Resources": [self.vm],
                     "NotBefore": email.utils.formatdate(due, usegmt=True),
                     "Description": "", "EventSource": "Platform", "DurationInSeconds": -1})
-                STATE["azure_incarnation"] += 1
+                self.st["azure_incarnation"] += 1
             else:
                 return self.send(400, "unknown kind")
             LOCK.notify_all()

@@ -1325,8 +1325,12 @@ pub fn label_loop(
                 }
                 cluster.exec.metrics.set_ready(ready);
                 let gpu = stasis_engine::cuda::gpu_fingerprint();
-                let labels =
-                    checks::node_labels(ready, &stasis_engine::node::arch(), gpu.as_ref());
+                // A node whose end its cloud announced takes no more restores.
+                let labels = checks::node_labels(
+                    ready && !crate::notice::node_ending(),
+                    &stasis_engine::node::arch(),
+                    gpu.as_ref(),
+                );
                 match cluster
                     .rt
                     .block_on(patch_node_labels(&cluster.client, &settings.node, &labels))

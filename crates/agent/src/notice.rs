@@ -1,8 +1,10 @@
 //! Watches this node's cloud for notices that the node is about to go (spot reclaim,
 //! preemption, maintenance) and acts on them at once: a checkpoint of every opted-in pod of the
 //! node whose policy wants notices, most valuable first, each with the time left before the
-//! deadline; a `NoSchedule` taint on the node so that replacements land elsewhere; on Azure,
-//! the event is acknowledged (allowed to start early) only once those checkpoints ended.
+//! deadline; the node's `stasis.dev/ready` label withdrawn (and `stasis.dev/notice=<kind>` set)
+//! so that opted-in replacements, which the RuntimeClass schedules only onto ready nodes, land
+//! elsewhere; on Azure, the event is acknowledged (allowed to start early) only once those
+//! checkpoints ended.
 //!
 //! The provider comes from the node (its `providerID` and labels, [`Provider::of_node`]) or the
 //! `--cloud-provider` flag; its metadata service is asked as each provider documents it
@@ -15,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use stasis_api::{
@@ -25,12 +27,20 @@ use stasis_api::{
 use stasis_core::notice::{self, Candidate, Notice, NoticeKind, Provider};
 use tracing::{info, warn};
 
-use crate::kube::{CREATED_BY_LABEL, MANAGER};
 use crate::metrics::Metrics;
 use crate::status::PodKey;
 
-/// The taint a node gets once its cloud announced its end.
-pub const NOTICE_TAINT: &str = "stasis.dev/notice";
+/// The label a node gets once its cloud announced its end (the value: the notice's kind).
+pub const NOTICE_LABEL: &str = "stasis.dev/notice";
+
+/// Set once this node's end was announced: the node-readiness loop then keeps the node's
+/// `stasis.dev/ready` label withdrawn (one agent per node and process).
+static NODE_ENDING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this node's cloud announced its end.
+pub fn node_ending() -> bool {
+    NODE_ENDING.load(Ordering::SeqCst)
+}
 
 /// Where each provider's metadata service answers.
 fn default_base(p: Provider) -> &'static str {
@@ -455,9 +465,12 @@ impl NoticeContext {
                     timeout_seconds: Some(budget.min(3600) as i32),
                 },
             );
+            // Executed by this agent's own PodCheckpoint watcher like any other (so without
+            // the created-by label, which marks the records it keeps of checkpoints it ran
+            // itself); the node label lets the API server accept it from this node's agent.
             c.metadata.labels = Some(BTreeMap::from([(
-                CREATED_BY_LABEL.to_owned(),
-                MANAGER.to_owned(),
+                stasis_api::lineage::NODE_LABEL.to_owned(),
+                self.node.clone(),
             )]));
             match api.create(&PostParams::default(), &c).await {
                 Ok(_) => {
@@ -500,41 +513,14 @@ impl NoticeContext {
         }
     }
 
-    /// Taints the node `stasis.dev/notice=<kind>:NoSchedule` (kept if already there).
-    async fn taint_node(&self, n: &Notice) -> Result<(), kube::Error> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        for _ in 0..5 {
-            let node = api.get(&self.node).await?;
-            let mut taints = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.clone())
-                .unwrap_or_default();
-            if taints.iter().any(|t| t.key == NOTICE_TAINT) {
-                return Ok(());
-            }
-            taints.push(Taint {
-                key: NOTICE_TAINT.to_owned(),
-                value: Some(n.kind.name().to_owned()),
-                effect: "NoSchedule".to_owned(),
-                time_added: None,
-            });
-            // The version read is a precondition (a conflict answers 409), so a concurrent
-            // change of the taints is not lost: a merge patch replaces the whole list.
-            let patch = serde_json::json!({
-                "metadata": {"resourceVersion": node.resource_version()},
-                "spec": {"taints": taints},
-            });
-            match api
-                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+    /// Marks the node: `stasis.dev/notice=<kind>`, `stasis.dev/ready` withdrawn (and kept so).
+    async fn mark_node(&self, n: &Notice) -> crate::Result<()> {
+        NODE_ENDING.store(true, Ordering::SeqCst);
+        let labels = BTreeMap::from([
+            (crate::checks::READY_LABEL.to_owned(), None),
+            (NOTICE_LABEL.to_owned(), Some(n.kind.name().to_owned())),
+        ]);
+        crate::kube::patch_node_labels(&self.client, &self.node, &labels).await
     }
 
     /// Waits until every checkpoint has ended (succeeded or failed) or the deadline is near.
@@ -572,10 +558,10 @@ impl NoticeContext {
     /// Everything a new notice asks for.
     async fn act(&self, mc: &MetadataClient, n: &Notice) {
         self.metrics.notice(n.kind.name());
-        // The taint first: the scheduler stops placing pods here while checkpoints run.
+        // The mark first: opted-in pods stop landing here while the checkpoints run.
         if n.kind.node_ends() {
-            if let Err(e) = self.taint_node(n).await {
-                warn!(node = %self.node, error = %e, "cannot taint the node after a cloud notice");
+            if let Err(e) = self.mark_node(n).await {
+                warn!(node = %self.node, error = %e, "cannot mark the node after a cloud notice");
                 self.metrics.error("kube");
             }
         }

@@ -158,15 +158,26 @@ fn gcp_long_poll_answers_when_the_vm_is_preempted() {
 fn azure_scheduled_events_for_this_vm_and_their_acknowledgement() {
     let s = StandIn::start();
     let rt = rt();
-    let mut mc = MetadataClient::new(Provider::Azure, Some(&s.base()));
+    // Two VMs of one scale set, each asking its own (the stand-in's /<machine>/ prefix).
+    let mut mc = MetadataClient::new(Provider::Azure, Some(&format!("{}/vm-a", s.base())));
+    let mut other = MetadataClient::new(Provider::Azure, Some(&format!("{}/vm-b", s.base())));
     assert_eq!(rt.block_on(mc.poll()).unwrap(), vec![]);
-    s.control("/_standin/arm?kind=azure-preempt&seconds=30");
+    s.control("/vm-a/_standin/arm?kind=azure-preempt&seconds=30");
     let n = rt.block_on(mc.poll()).unwrap();
     assert_eq!(n.len(), 1);
     assert_eq!(n[0].kind, NoticeKind::Reclaim);
-    assert_eq!(s.control("/_standin/acks"), "[]", "not acknowledged before");
+    assert_eq!(
+        rt.block_on(other.poll()).unwrap(),
+        vec![],
+        "another VM's event"
+    );
+    assert_eq!(
+        s.control("/vm-a/_standin/acks"),
+        "[]",
+        "not acknowledged before"
+    );
     rt.block_on(mc.acknowledge(&n[0])).unwrap();
-    let acks: Vec<String> = serde_json::from_str(&s.control("/_standin/acks")).unwrap();
+    let acks: Vec<String> = serde_json::from_str(&s.control("/vm-a/_standin/acks")).unwrap();
     assert_eq!(acks, vec![n[0].id.clone()]);
     assert_eq!(
         rt.block_on(mc.poll()).unwrap(),

@@ -123,8 +123,8 @@ pub struct Triggers {
     pub memory_percent: Option<i32>,
     /// Checkpoint every selected pod of a node, most valuable first, when the node's cloud
     /// announces its end (a spot reclaim or preemption, maintenance that stops it, AWS's
-    /// rebalance recommendation); the node is tainted `stasis.dev/notice` so replacements go
-    /// elsewhere. Default true.
+    /// rebalance recommendation); the node is labelled `stasis.dev/notice` and loses
+    /// `stasis.dev/ready`, so replacements go elsewhere. Default true.
     #[serde(default = "default_true")]
     pub spot_notice: bool,
 }

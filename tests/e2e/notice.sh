@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# End to end on the local cluster: a spot reclaim announced by the cloud.
+#
+# The agents are pointed at tests/cloud/metadata-standin.py, a STAND-IN for AWS's instance
+# metadata service (IMDSv2; no cloud is reachable here), one machine per node
+# (http://<host>:<port>/$(NODE_NAME)). A counter with a one-hour heartbeat (so the notice's is
+# the only checkpoint) runs on a node; the stand-in announces the node's spot interruption two
+# minutes ahead; then the node is killed, as the cloud would.
+#   - a PodCheckpoint with reason SpotNotice Succeeds for the pod, a CloudNotice Event says why;
+#   - the node is labelled stasis.dev/notice=Reclaim and loses stasis.dev/ready (opted-in pods
+#     are then scheduled elsewhere);
+#   - the replacement, on the other node, is restored from that checkpoint (PodRestore
+#     Restored), counts on from it, never state=CORRUPT.
+#
+# Needs root. Prints "N passed, M failed"; STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up;
+# STASIS_INSTALL_NO_BUILD=1 reuses target/images/stasis.oci.tar.
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CLUSTER=$REPO/scripts/cluster
+PASSED=0 FAILED=0
+T_START=$(date +%s)
+WORK=$(mktemp -d /tmp/stasis-e2e-notice.XXXXXX)
+STANDIN_PID=""
+
+pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
+fail() { FAILED=$((FAILED + 1)); echo "not ok - $1${2:+: $2}"; }
+check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then pass "$name"; else fail "$name"; return 1; fi; }
+finish() {
+  jobs -p | xargs -r kill 2>/dev/null
+  [ -z "$STANDIN_PID" ] || kill "$STANDIN_PID" 2>/dev/null
+  if [ -z "${STASIS_E2E_KEEP_CLUSTER:-}" ]; then
+    "$CLUSTER" uninstall-stasis >/dev/null 2>&1 || true
+    "$CLUSTER" down >/dev/null 2>&1 || echo "# warning: scripts/cluster down failed"
+  fi
+  rm -rf "$WORK"
+  echo "e2e notice: $(( $(date +%s) - T_START )) s"
+  echo "$PASSED passed, $FAILED failed"
+  [ "$FAILED" -eq 0 ]
+  exit $?
+}
+trap 'finish' INT TERM
+# shellcheck source=tests/e2e/lib.sh
+. "$REPO/tests/e2e/lib.sh"
+
+# ------------------------------------------------------------------ the stand-in, up, install
+if ! "$CLUSTER" up >/dev/null; then fail "scripts/cluster up"; finish; fi
+eval "$("$CLUSTER" env)"
+python3 "$REPO/tests/cloud/metadata-standin.py" --host "$STASIS_CLUSTER_HOST_IP" >"$WORK/standin.out" 2>"$WORK/standin.err" &
+STANDIN_PID=$!
+retry 10 grep -q '^listening' "$WORK/standin.out" || { fail "the metadata stand-in starts" "$(cat "$WORK/standin.err")"; finish; }
+MD="http://$STASIS_CLUSTER_HOST_IP:$(awk '/^listening/ {print $2}' "$WORK/standin.out")"
+echo "# STAND-IN cloud metadata service (AWS IMDSv2) at $MD/<node> (no cloud is reachable here)"
+# $(NODE_NAME) is expanded by the kubelet from the agent's environment: one machine per node.
+export STASIS_HELM_ARGS="--set-json agent.extraArgs=[\"--cloud-provider=aws\",\"--cloud-metadata-url=$MD/\$(NODE_NAME)\"]"
+up_and_install
+check "each agent watches its node's notices" retry 60 bash -c \
+  "[ \"\$(kubectl -n stasis-system logs -l app.kubernetes.io/component=agent --tail=-1 | grep -c 'watching the cloud')\" -ge 2 ]"
+
+NS=e2e-notice
+new_ns "$NS"
+policy "$NS" hourly spot 1h
+counter "$NS" spot 1 64
+P1=$(wait_one_counting "$NS" spot 120) || { fail "the counter counts"; diagnose "$NS"; finish; }
+N1=$(node_of "$NS" "$P1")
+follow "$NS" "$P1"
+sleep 3
+echo "# $P1 counts on $N1; the stand-in announces its spot interruption in 120 s"
+curl -fsS "$MD/$N1/_standin/arm?kind=aws-spot&seconds=120" >/dev/null
+T_NOTICE=$(date +%s.%N)
+
+notice_ckpt() { kubectl -n "$NS" get pckpt -o json | jq -r --arg p "$P1" '.items[] | select(.spec.sourcePodName == $p and .spec.reason == "SpotNotice") | "\(.metadata.name) \(.status.phase // "-")"'; }
+check "a SpotNotice checkpoint of $P1 is created" retry 30 bash -c "[ -n \"\$(kubectl -n $NS get pckpt -o json | jq -r '.items[] | select(.spec.reason == \"SpotNotice\") | .metadata.name')\" ]"
+check "... and Succeeds" retry 90 bash -c "kubectl -n $NS get pckpt -o json | jq -e '[.items[] | select(.spec.reason == \"SpotNotice\" and .status.phase == \"Succeeded\")] | length == 1' >/dev/null"
+echo "# notice checkpoint: $(notice_ckpt) $(secs "$T_NOTICE") s after the notice"
+CK=$(notice_ckpt | awk '{print $1}')
+T_CK=$(kubectl -n "$NS" get pckpt "$CK" -o jsonpath='{.status.startTime}')
+REF=$(kubectl -n "$NS" get pckpt "$CK" -o jsonpath='{.status.checkpointRef}')
+C_CKPT=$(count_before "$P1" "$T_CK")
+check "$N1 is labelled stasis.dev/notice=Reclaim and is no longer stasis.dev/ready" bash -c \
+  "kubectl get node $N1 -o json | jq -e '.metadata.labels[\"stasis.dev/notice\"] == \"Reclaim\" and (.metadata.labels[\"stasis.dev/ready\"] == null)' >/dev/null"
+check "a CloudNotice Event on $P1 says why: $(event "$NS" "$P1" CloudNotice | head -1 | cut -c1-120)" bash -c "[ -n \"\$(kubectl -n $NS get events --field-selector involvedObject.name=$P1,reason=CloudNotice -o name)\" ]"
+
+echo "# the cloud reclaims $N1"
+check "kill-node $N1" "$CLUSTER" kill-node "$N1"
+C_DEAD=$(last_count "$P1")
+P2=$(wait_replacement "$NS" spot "$P1" 180) || { fail "a replacement counts after the reclaim"; diagnose "$NS"; }
+if [ -n "$P2" ]; then
+  echo "# replacement $P2 on $(node_of "$NS" "$P2"), counting $(secs "$T_NOTICE") s after the notice"
+  C_FIRST=$(first_count "$NS" "$P2")
+  check "$P2 is restored (PodRestore Restored)" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore --field-selector spec.targetPodName=$P2 -o jsonpath='{.items[*].status.phase}')\" = Restored ]"
+  check "... from the notice's checkpoint ${REF:-(none)} ($(restore_ref "$NS" "$P2"))" test -n "$REF" -a "$(restore_ref "$NS" "$P2")" = "$REF"
+  echo "# count at the notice's checkpoint >= $C_CKPT, last count of the reclaimed pod: $C_DEAD, first count of $P2: $C_FIRST"
+  check "first count ($C_FIRST) >= the count at the notice's checkpoint ($C_CKPT > 0)" ge "$C_FIRST" "$((C_CKPT > 0 ? C_CKPT : 1 << 40))"
+  check "... and <= the last count before the reclaim + 1 ($C_DEAD)" ge "$((C_DEAD + 1))" "$C_FIRST"
+  check "never state=CORRUPT" not_corrupt "$NS" "$P2"
+fi
+check "$N1 boots again" "$CLUSTER" start-node "$N1"
+kubectl label node "$N1" stasis.dev/notice- >/dev/null 2>&1
+kubectl delete namespace "$NS" --wait=false >/dev/null
+finish
