@@ -689,6 +689,12 @@ pub struct NoticeSettings {
 
 /// Starts watching, unless no cloud is configured or recognised (said once in the log).
 pub async fn run(cluster: Arc<crate::kube::KubeCluster>, s: NoticeSettings, stop: Arc<AtomicBool>) {
+    // A notice of an earlier life of this node (a maintenance reboot it came back from) is
+    // over: its mark goes.
+    let clear = BTreeMap::from([(NOTICE_LABEL.to_owned(), None)]);
+    if let Err(e) = crate::kube::patch_node_labels(&cluster.client, &cluster.node, &clear).await {
+        warn!(node = %cluster.node, error = %e, "cannot clear an earlier notice's label");
+    }
     let provider = match &s.provider {
         ProviderChoice::Off => return,
         ProviderChoice::Given(p) => *p,
