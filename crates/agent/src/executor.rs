@@ -176,7 +176,8 @@ pub struct Executor {
     pub metrics: Arc<Metrics>,
 }
 
-fn now_ms() -> u64 {
+/// The wall clock, Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -581,10 +581,7 @@ impl NoticeContext {
 }
 
 fn now_unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    crate::executor::now_ms() as i64
 }
 
 fn deadline_text(n: &Notice) -> String {

@@ -134,9 +134,7 @@ fn malformed(provider: Provider, what: impl Into<String>) -> MalformedAnswer {
 
 /// `2017-09-18T08:22:00Z` (AWS instance-action and rebalance times).
 pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
-    chrono::DateTime::parse_from_rfc3339(s.trim())
-        .ok()
-        .map(|t| t.timestamp_millis())
+    crate::time::parse_rfc3339_nanos(s.trim()).and_then(|n| i64::try_from(n / 1_000_000).ok())
 }
 
 /// `Mon, 19 Sep 2016 18:29:47 GMT` (Azure) or `21 Jan 2019 09:00:43 GMT` (AWS scheduled events):
