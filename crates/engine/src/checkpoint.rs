@@ -109,6 +109,12 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
             .find_map(|k| a.get(*k).cloned())
     });
     mkdir(&req.image.criu())?;
+    // CRIU's options depend on nothing the freeze changes: written before the GPU lock and the
+    // freeze (finding the network lock asks CRIU itself, tens of milliseconds, once a process).
+    let conf = CriuConf::write(
+        &req.image.root,
+        &sockets::dump_options(!req.tcp_established, sockets::nftables_lock(&criu_path)),
+    )?;
 
     // GPU first (DESIGN §7): lock and checkpoint every CUDA process while it still runs (the
     // driver needs it to); its device memory moves to host memory, which CRIU then dumps. The
@@ -135,10 +141,6 @@ pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, E
         leave_running: req.leave_running,
         ..sockets::scan(&pids)
     };
-    let conf = CriuConf::write(
-        &req.image.root,
-        &sockets::dump_options(!req.tcp_established, sockets::nftables_lock(&criu_path)),
-    )?;
 
     let t = Instant::now();
     let opts = CheckpointOpts {
