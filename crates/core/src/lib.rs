@@ -10,6 +10,7 @@
 //!
 //! Everything here is pure: the engine and the CLI gather facts from the machine and hand them in.
 
+pub mod advise;
 pub mod decision;
 pub mod fingerprint;
 pub mod gpu;
