@@ -126,18 +126,15 @@ mod tests {
     }
 
     #[test]
-    fn policy_schema_validates_interval_and_refuses_auto() {
+    fn policy_schema_validates_interval_and_takes_auto() {
         let s = schema_of(&CheckpointPolicy::crd());
         let spec = &s["properties"]["spec"];
         let interval = &spec["properties"]["interval"];
-        assert_eq!(
-            interval["x-kubernetes-validations"][0]["rule"],
-            "self != 'auto'"
-        );
-        assert!(interval["x-kubernetes-validations"][0]["message"]
+        assert!(interval["pattern"].as_str().unwrap().starts_with("^(auto|"));
+        assert!(interval["x-kubernetes-validations"][0]["rule"]
             .as_str()
             .unwrap()
-            .contains("reserved"));
+            .starts_with("self == 'auto' ||"));
         assert_eq!(spec["properties"]["onTermination"]["default"], true);
         assert_eq!(spec["properties"]["restoreOnCrash"]["default"], false);
         assert_eq!(
@@ -172,11 +169,8 @@ mod tests {
         assert_eq!(p.spec.freeze_fraction(), 0.5);
         let mut auto = p.spec.clone();
         auto.interval = "auto".into();
-        assert!(auto
-            .heartbeat()
-            .unwrap_err()
-            .to_string()
-            .contains("reserved"));
+        assert_eq!(auto.interval(), Ok(stasis_core::policy::Interval::Auto));
+        assert!(auto.heartbeat().is_err(), "auto has no fixed interval");
     }
 
     #[test]

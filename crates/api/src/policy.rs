@@ -30,14 +30,12 @@ pub struct CheckpointPolicySpec {
     pub selector: LabelSelector,
 
     /// Time between heartbeat checkpoints of one pod: a duration such as `30s`, `5m`, `1h30m`
-    /// (units `ms`, `s`, `m`, `h`; at least 1s). `auto` (derived from the measured checkpoint
-    /// cost and the observed eviction rate) is reserved and refused for now.
+    /// (units `ms`, `s`, `m`, `h`; at least 1s), or `auto`: per pod, Young/Daly's optimum from
+    /// what its checkpoints cost (freeze and upload) and how often pods of its node pool are
+    /// interrupted, kept within the freeze budget (`status.autoIntervals` shows each choice).
     #[schemars(
         regex(pattern = r"^(auto|([0-9]+(ms|s|m|h))+)$"),
         extend("x-kubernetes-validations" = [{
-            "rule": "self != 'auto'",
-            "message": "interval: auto is reserved for a later release (Young/Daly from measured cost and eviction rate); give a duration such as 30s"
-        }, {
             "rule": "self == 'auto' || !self.matches('^([0-9]+(ms|s|m|h))+$') || duration(self) >= duration('1s')",
             "message": "interval: at least 1s"
         }])
@@ -116,11 +114,19 @@ impl Default for Retention {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Triggers {
-    /// Checkpoint when a container's memory usage crosses this percentage of its limit (before
-    /// an OOM kill would throw the work away).
+    /// Checkpoint a pod when one of its containers' working set (usage less inactive page
+    /// cache, as the kubelet counts it) reaches this percentage of its memory limit, before an
+    /// OOM kill throws the work away; the restart in place then restores that checkpoint. At
+    /// most one such checkpoint per pod per max(30s, 10 × its last checkpoint's duration, a
+    /// quarter of the interval), none while one is in flight. Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub memory_percent: Option<i32>,
+    /// Checkpoint the pods of a node whose kubelet reports the `MemoryPressure` condition (it
+    /// is about to evict pods, without a grace period under a hard threshold), rate-limited as
+    /// `memoryPercent`. Default true.
+    #[serde(default = "default_true")]
+    pub node_memory_pressure: bool,
     /// Checkpoint every selected pod of a node, most valuable first, when the node's cloud
     /// announces its end (a spot reclaim or preemption, maintenance that stops it, AWS's
     /// rebalance recommendation); the node is labelled `stasis.dev/notice` and loses
@@ -133,6 +139,7 @@ impl Default for Triggers {
     fn default() -> Self {
         Self {
             memory_percent: None,
+            node_memory_pressure: true,
             spot_notice: true,
         }
     }
@@ -168,10 +175,50 @@ pub struct CheckpointPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// With `interval: auto`: the interval chosen for each selected pod and what it was chosen
+    /// from (at most 20 pods, by name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub auto_intervals: Vec<AutoIntervalStatus>,
+}
+
+/// The automatic interval of one pod and its inputs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoIntervalStatus {
+    /// The pod.
+    pub pod: String,
+    /// Its node's pool (`<name>` or `<name>/spot`, from the node's labels; `default`).
+    pub node_pool: String,
+    /// The interval chosen, in milliseconds.
+    pub interval_millis: i64,
+    /// Young/Daly's optimum before the bounds, in milliseconds.
+    pub optimum_millis: i64,
+    /// The checkpoint cost used: mean freeze + upload of the pod's last checkpoints, in
+    /// milliseconds.
+    pub cost_millis: i64,
+    /// Whether the cost was measured (false: no checkpoint yet, a default was assumed).
+    pub cost_measured: bool,
+    /// Mean time between interruptions of a pod of this pool, in seconds.
+    pub mtbf_seconds: i64,
+    /// Interruptions of pods of this pool the controller saw (within a week).
+    pub interruptions: i64,
+    /// Pod-time observed in this pool, in seconds (observed time × pods running there).
+    pub exposure_seconds: i64,
+    /// What bounded the interval, if anything: `Minimum`, `CheckpointCost`, `FreezeBudget`,
+    /// `Maximum`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<String>,
 }
 
 impl CheckpointPolicySpec {
-    /// The heartbeat interval, checked by stasis-core's rule (refuses `auto` with the reason).
+    /// The interval, checked by stasis-core's rule: a duration, or `auto`.
+    pub fn interval(
+        &self,
+    ) -> Result<stasis_core::policy::Interval, stasis_core::policy::PolicyError> {
+        stasis_core::policy::parse_interval_spec(&self.interval)
+    }
+
+    /// A fixed heartbeat interval (`auto` has none: [`Self::interval`]).
     pub fn heartbeat(&self) -> Result<std::time::Duration, stasis_core::policy::PolicyError> {
         stasis_core::policy::parse_interval(&self.interval)
     }

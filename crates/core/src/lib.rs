@@ -6,7 +6,8 @@
 //!   whether a checkpoint may be restored on it;
 //! - [`gpu`]: the GPU part of the fingerprint and its compatibility rule;
 //! - Kubernetes decisions (docs/design.md §10): [`workload`] identity, [`lineage`] claims and
-//!   fencing, [`policy`] math, the [`podspec`] hash and the restore [`decision`].
+//!   fencing, [`policy`] math, the [`podspec`] hash and the restore [`decision`];
+//! - triggers: the [`memory`] trigger's arithmetic and the automatic [`interval`] (Young/Daly).
 //!
 //! Everything here is pure: the engine and the CLI gather facts from the machine and hand them in.
 
@@ -14,8 +15,10 @@ pub mod advise;
 pub mod decision;
 pub mod fingerprint;
 pub mod gpu;
+pub mod interval;
 pub mod lineage;
 pub mod manifest;
+pub mod memory;
 pub mod notice;
 pub mod podspec;
 pub mod policy;

@@ -1,6 +1,6 @@
 //! Checkpoint policy math: the heartbeat interval, when a pod's next checkpoint is due, the freeze
 //! budget against the liveness probe, and the Young/Daly optimal interval (for `interval: auto`,
-//! which is reserved and refused for now).
+//! chosen per pod by [`crate::interval`]).
 
 use std::time::Duration;
 
@@ -12,8 +12,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Why a policy value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
-    #[error("interval: auto is reserved for a later release (Young/Daly from the measured checkpoint cost and eviction rate); give a duration such as 30s")]
-    AutoNotYet,
+    #[error("interval: auto has no fixed duration: it is chosen per pod from the measured checkpoint cost and the node pool's interruptions")]
+    Auto,
     #[error("duration {0:?} is invalid: expected numbers with units ms, s, m or h, such as 30s, 5m or 1h30m")]
     InvalidDuration(String),
     #[error("interval {0:?} is too short: at least 1s")]
@@ -61,17 +61,35 @@ pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
     Ok(total)
 }
 
-/// The heartbeat interval of a policy: a duration of at least [`MIN_INTERVAL`]; `auto` is
-/// refused with [`PolicyError::AutoNotYet`].
-pub fn parse_interval(s: &str) -> Result<Duration, PolicyError> {
-    if s.trim() == "auto" {
-        return Err(PolicyError::AutoNotYet);
+/// A policy's `interval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interval {
+    /// A duration of at least [`MIN_INTERVAL`].
+    Fixed(Duration),
+    /// `auto`: per pod, from its checkpoints' cost and its node pool's interruptions
+    /// ([`crate::interval::auto_interval`]).
+    Auto,
+}
+
+/// Parses a policy's `interval`: `auto` or a duration of at least [`MIN_INTERVAL`].
+pub fn parse_interval_spec(s: &str) -> Result<Interval, PolicyError> {
+    if s == "auto" {
+        return Ok(Interval::Auto);
     }
     let d = parse_duration(s)?;
     if d < MIN_INTERVAL {
         return Err(PolicyError::TooShort(s.to_owned()));
     }
-    Ok(d)
+    Ok(Interval::Fixed(d))
+}
+
+/// A fixed heartbeat interval: a duration of at least [`MIN_INTERVAL`]; `auto`, which has no
+/// fixed value, is [`PolicyError::Auto`].
+pub fn parse_interval(s: &str) -> Result<Duration, PolicyError> {
+    match parse_interval_spec(s)? {
+        Interval::Fixed(d) => Ok(d),
+        Interval::Auto => Err(PolicyError::Auto),
+    }
 }
 
 /// When a pod's next heartbeat checkpoint is due, in Unix milliseconds: one interval after the
@@ -218,10 +236,17 @@ mod tests {
     }
 
     #[test]
-    fn interval_refuses_auto_with_a_clear_message_and_short_values() {
+    fn intervals_auto_or_a_duration_of_at_least_a_second() {
+        assert_eq!(parse_interval_spec("auto"), Ok(Interval::Auto));
+        assert_eq!(
+            parse_interval_spec("90s"),
+            Ok(Interval::Fixed(Duration::from_secs(90)))
+        );
+        assert!(parse_interval_spec(" auto").is_err());
+        assert!(parse_interval_spec("Auto").is_err());
         let err = parse_interval("auto").unwrap_err();
-        assert_eq!(err, PolicyError::AutoNotYet);
-        assert!(err.to_string().contains("reserved"), "{err}");
+        assert_eq!(err, PolicyError::Auto);
+        assert!(err.to_string().contains("per pod"), "{err}");
         assert!(matches!(
             parse_interval("500ms"),
             Err(PolicyError::TooShort(_))
