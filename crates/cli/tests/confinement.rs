@@ -17,7 +17,7 @@ fn image_with_symlink_to(bundle: &Path, host_dir: &Path) -> Overlay {
     std::fs::create_dir(&w).unwrap();
     std::fs::set_permissions(&w, std::fs::Permissions::from_mode(0o777)).unwrap();
     std::os::unix::fs::symlink(host_dir, w.join("x")).unwrap();
-    Overlay::over(bundle)
+    image_overlay(bundle)
 }
 
 #[test]
@@ -43,7 +43,7 @@ fn restoring_a_replaced_image_symlink_leaves_the_host_directory_alone() {
         canary.join("keep").exists(),
         "the test itself touched the host dir"
     );
-    c.wait_count(&w, 2);
+    c.wait_count(2);
 
     w.stasis(&["checkpoint", "container", "esc-a", "--workload", "esc"])
         .expect_ok("checkpoint of the container");
@@ -78,7 +78,7 @@ fn restoring_a_replaced_image_symlink_leaves_the_host_directory_alone() {
         log,
         bundle: bundle_b.clone(),
     };
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(!r.corrupt(), "state=CORRUPT after the restore");
     let x = format!("/proc/{}/root/w/x", w.pid("esc-b"));
     let md = std::fs::symlink_metadata(&x).unwrap();

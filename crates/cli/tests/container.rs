@@ -23,19 +23,19 @@ fn checkpoint_sigkill_restore_continues_with_state_and_port() {
     let env = ["STATE_MB=64".to_owned(), format!("LISTEN_PORT={port}")];
     let env: Vec<&str> = env.iter().map(String::as_str).collect();
     let c = w.start("ctr-a", &env);
-    c.wait_count(&w, 5);
+    c.wait_count(5);
 
     let before = c.last_count();
     let reference = checkpoint(&w, "ctr-a", &[]).expect_ok("checkpoint");
     assert!(reference.starts_with("counter/"), "printed {reference:?}");
     // Leave-running: the workload went on, and is not left paused.
     assert_eq!(w.status("ctr-a").as_deref(), Some("running"));
-    c.wait_count(&w, 3);
+    c.wait_count(3);
     w.kill("ctr-a");
 
     let (run, r) = w.restore("counter/latest", "ctr-b", &env, &[]);
     run.expect_ok("restore");
-    r.wait_count(&w, 5);
+    r.wait_count(5);
     let counts = r.counts();
     assert!(
         counts[0] >= before,
@@ -64,7 +64,7 @@ fn checkpoint_sigkill_restore_continues_with_state_and_port() {
         nix::sys::signal::SIGUSR1,
     )
     .unwrap();
-    r.wait_count(&w, 3);
+    r.wait_count(3);
     assert!(!r.corrupt());
     let list = w.stasis(&["list", "-o", "json"]).json();
     assert_eq!(list.as_array().unwrap().len(), 1);
@@ -92,7 +92,7 @@ fn filesystem_changes_are_restored() {
 
     let (run, r) = w.restore("counter/latest", "fs-b", &["STATE_MB=8"], &[]);
     run.expect_ok("restore");
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     let fresh = r.bundle.join("rootfs");
     assert_eq!(
         std::fs::read_to_string(fresh.join("data/new.txt")).unwrap(),
@@ -243,7 +243,7 @@ fn two_checkpoints_at_once_are_both_valid_or_one_is_refused() {
     w.kill("two-a");
     let (run, r) = w.restore("counter/latest", "two-b", &["STATE_MB=128"], &[]);
     run.expect_ok("restore");
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(!r.corrupt());
 }
 
@@ -292,7 +292,7 @@ fn sigkill_of_the_cli_mid_checkpoint_publishes_nothing_and_thaws_the_workload() 
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    c.wait_count(&w, 3);
+    c.wait_count(3);
     let list = w.stasis(&["list", "-o", "json"]).json();
     assert_eq!(
         list.as_array().unwrap().len(),
@@ -332,7 +332,7 @@ fn full_disk_keeps_the_previous_checkpoint_and_the_workload_running() {
         nix::sys::signal::SIGUSR2,
     )
     .unwrap();
-    c.wait_count(&w, 3);
+    c.wait_count(3);
     let err = checkpoint(&w, "full-a", &[]).expect_err("checkpoint to a full disk");
     assert!(
         err.to_lowercase().contains("space"),
@@ -343,7 +343,7 @@ fn full_disk_keeps_the_previous_checkpoint_and_the_workload_running() {
         Some("running"),
         "workload not running after the failure"
     );
-    c.wait_count(&w, 3);
+    c.wait_count(3);
     let m = w
         .stasis(&["inspect", "counter/latest", "-o", "json"])
         .json();
@@ -356,7 +356,7 @@ fn full_disk_keeps_the_previous_checkpoint_and_the_workload_running() {
     w.kill("full-a");
     let (run, r) = w.restore("counter/latest", "full-b", &["STATE_MB=24"], &[]);
     run.expect_ok("restore of the previous checkpoint");
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(!r.corrupt());
 }
 
@@ -378,10 +378,10 @@ fn established_tcp_connection_survives_a_stop_mode_checkpoint() {
     let mut reader = std::io::BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).unwrap();
-    let before = parse_count(&line).unwrap();
+    let before = count_of(&line).unwrap();
 
     checkpoint(&w, "tcp-a", &["--stop"]).expect_ok("checkpoint --stop");
-    w.runc(&["delete", "--force", "tcp-a"]);
+    w.runc_output(&["delete", "--force", "tcp-a"]);
     let (run, _r) = w.restore("counter/latest", "tcp-b", &env, &[]);
     run.expect_ok("restore");
     // The same connection carries lines from the restored process.
@@ -391,7 +391,7 @@ fn established_tcp_connection_survives_a_stop_mode_checkpoint() {
         reader
             .read_line(&mut line)
             .expect("connection broke across the restore");
-        last = parse_count(&line).unwrap_or(last);
+        last = count_of(&line).unwrap_or(last);
     }
     assert!(last > before, "no new counts on the old connection");
 }
@@ -420,9 +420,9 @@ fn overlay_rootfs_changes_are_restored_with_whiteouts_modes_owners_and_xattrs() 
     let mut w = World::new();
     // The container runs on an overlay rootfs.
     let bundle = w.bundle("bundle-ov-a", &["STATE_MB=8"]);
-    let ov_a = Overlay::over(&bundle);
+    let ov_a = image_overlay(&bundle);
     let c = w.start_bundle("ov-a", &bundle);
-    c.wait_count(&w, 2);
+    c.wait_count(2);
     let root = &ov_a.merged;
     // Changes, made through the merged view (what the container would see):
     std::fs::create_dir_all(root.join("data")).unwrap();
@@ -459,7 +459,7 @@ fn overlay_rootfs_changes_are_restored_with_whiteouts_modes_owners_and_xattrs() 
 
     // Restore into a fresh overlay bundle made from the same image.
     let bundle_b = w.bundle("bundle-ov-b", &["STATE_MB=8"]);
-    let ov_b = Overlay::over(&bundle_b);
+    let ov_b = image_overlay(&bundle_b);
     let log = w.path("ov-b.log");
     let run = w.stasis(&[
         "restore",
@@ -477,7 +477,7 @@ fn overlay_rootfs_changes_are_restored_with_whiteouts_modes_owners_and_xattrs() 
         log,
         bundle: bundle_b.clone(),
     };
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(!r.corrupt());
     let root = &ov_b.merged;
     let new = root.join("data/new.txt");

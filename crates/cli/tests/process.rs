@@ -48,7 +48,7 @@ fn process_checkpoint_kill_restore_continues() {
         log: log.clone(),
         bundle: w.path("."),
     };
-    before.wait_count(&w, 5);
+    before.wait_count(5);
 
     let at = before.last_count();
     let reference = w
@@ -61,7 +61,7 @@ fn process_checkpoint_kill_restore_continues() {
         ])
         .expect_ok("checkpoint process");
     assert!(reference.starts_with("proc/"));
-    before.wait_count(&w, 2); // leave-running: it went on
+    before.wait_count(2); // leave-running: it went on
     child.kill().unwrap();
     child.wait().unwrap();
 
@@ -87,7 +87,7 @@ fn process_checkpoint_kill_restore_continues() {
         log: after_log,
         bundle: w.path("."),
     };
-    after.wait_count(&w, 3);
+    after.wait_count(3);
     let counts = after.counts();
     assert!(
         counts[0] >= at && counts[0] <= before.last_count() + 1,
@@ -200,7 +200,7 @@ fn gc_keeps_the_newest_and_they_still_restore() {
             nix::sys::signal::SIGUSR2,
         )
         .unwrap();
-        c.wait_count(&w, 2);
+        c.wait_count(2);
         refs.push(
             w.stasis(&["checkpoint", "container", "gc-a", "--workload", "gc"])
                 .expect_ok("checkpoint"),
@@ -220,7 +220,7 @@ fn gc_keeps_the_newest_and_they_still_restore() {
     w.kill("gc-a");
     let (run, r) = w.restore("gc/latest", "gc-b", &["STATE_MB=8"], &[]);
     run.expect_ok("restore after gc");
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(!r.corrupt());
     std::thread::sleep(Duration::from_millis(10));
 }

@@ -105,7 +105,7 @@ fn checkpoint_to_s3_and_restore_from_it() {
         nix::sys::signal::SIGUSR2,
     )
     .unwrap();
-    c.wait_count(&w, 3);
+    c.wait_count(3);
     let second = w
         .stasis(&[
             "checkpoint",
@@ -131,7 +131,7 @@ fn checkpoint_to_s3_and_restore_from_it() {
 
     let (run, r) = w.restore("s3/latest", "s3-b", &["STATE_MB=32"], &[]);
     run.expect_ok("restore from S3");
-    r.wait_count(&w, 3);
+    r.wait_count(3);
     assert!(
         r.counts()[0] <= before + 1 && !r.corrupt(),
         "{:?}",

@@ -65,7 +65,7 @@ fn scratch_left(w: &World) -> Vec<String> {
 struct Own<'a>(&'a World, &'a str);
 impl Drop for Own<'_> {
     fn drop(&mut self) {
-        self.0.runc(&["delete", "--force", self.1]);
+        self.0.runc_output(&["delete", "--force", self.1]);
     }
 }
 
@@ -159,7 +159,7 @@ fn restore_refuses_a_shared_read_only_or_in_use_rootfs_and_deletes_nothing() {
         "a file under a running container was deleted"
     );
     assert_eq!(w.status("b1-a").as_deref(), Some("running"));
-    c.wait_count(&w, 2);
+    c.wait_count(2);
 
     assert!(
         photos.join("beach.jpg").exists(),
@@ -415,7 +415,7 @@ fn a_signal_mid_checkpoint_leaves_the_workload_running_and_no_images() {
             assert!(Instant::now() < deadline, "left {:?}", w.status("b11-a"));
             std::thread::sleep(Duration::from_millis(50));
         }
-        c.wait_count(&w, 2);
+        c.wait_count(2);
         assert!(
             scratch_left(&w).is_empty(),
             "{sig}: images left: {:?}",
@@ -506,7 +506,7 @@ fn a_read_only_store_fails_a_checkpoint_before_the_freeze_and_still_restores() {
         log,
         bundle: b,
     };
-    restored.wait_count(&r, 2);
+    restored.wait_count(2);
     assert!(!restored.corrupt());
 }
 
@@ -593,7 +593,7 @@ fn process_restore_onto_a_dead_pipe_is_refused_and_works_with_log() {
         log,
         bundle: w.path("."),
     };
-    c.wait_count(&w, 2);
+    c.wait_count(2);
     assert!(is_live(pid));
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
 }
@@ -859,7 +859,7 @@ fn a_damaged_manifest_is_listed_as_unreadable_and_blocks_the_gc_sweep() {
     w.kill("b3-a");
     let (run, r) = w.restore("counter/latest", "b3-b", &["STATE_MB=16"], &[]);
     run.expect_ok("restore of the repaired checkpoint");
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(!r.corrupt());
 }
 
@@ -881,7 +881,7 @@ fn a_bundle_already_restored_into_takes_only_its_own_container_back() {
     let own = b.join("rootfs/tmp/written-by-nf-x");
     std::fs::write(&own, "mine").unwrap();
     let from_x = checkpoint(&w, "nf-x", &["--stop"]).expect_ok("checkpoint --stop of nf-x");
-    w.runc(&["delete", "--force", "nf-x"]);
+    w.runc_output(&["delete", "--force", "nf-x"]);
 
     let mut args = vec!["restore", from_a.as_str(), "--bundle", b.to_str().unwrap()];
     args.extend(["--container-id", "nf-y"]);
@@ -920,13 +920,13 @@ fn a_restored_container_checkpoints_again_and_its_log_still_fills() {
     w.kill("ch-a");
     let (run, b) = w.restore("counter/latest", "ch-b", &["STATE_MB=8"], &[]);
     run.expect_ok("first restore");
-    b.wait_count(&w, 3);
+    b.wait_count(3);
     let at = b.last_count();
     checkpoint(&w, "ch-b", &[]).expect_ok("checkpoint of a restored container");
     w.kill("ch-b");
     let (run, c) = w.restore("counter/latest", "ch-c", &["STATE_MB=8"], &[]);
     run.expect_ok("second restore");
-    c.wait_count(&w, 3);
+    c.wait_count(3);
     assert!(c.counts()[0] >= at, "{:?} (was {at})", c.counts());
     assert!(!c.corrupt());
 }

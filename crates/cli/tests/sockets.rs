@@ -78,7 +78,7 @@ fn hold(pid: i32) -> Held {
         for line in BufReader::new(s).lines() {
             match line {
                 Ok(l) => {
-                    if let Some(n) = parse_count(&l) {
+                    if let Some(n) = count_of(&l) {
                         c.lock().unwrap().push(n);
                     }
                 }
@@ -215,7 +215,7 @@ fn a_busy_server_checkpoints_and_restores_into_a_new_netns_and_clients_reconnect
     assert_eq!(report["tcp"]["tcp"], "close", "{report}");
     // The three held ones, and any churn connection the server was answering at the dump.
     assert!(report["tcp"]["connections"].as_u64() >= Some(3), "{report}");
-    r.wait_count(&w, 3);
+    r.wait_count(3);
     let first = r.counts()[0];
     assert!(
         first >= at_last,
@@ -231,7 +231,7 @@ fn a_busy_server_checkpoints_and_restores_into_a_new_netns_and_clients_reconnect
     // connection streams counts that continue from the checkpoint.
     let answer = ask_in(rpid, LINE_PORT).expect("restored line port does not answer");
     assert!(answer.ends_with("state=ok"), "{answer}");
-    assert!(parse_count(&answer).unwrap() >= first, "{answer}");
+    assert!(count_of(&answer).unwrap() >= first, "{answer}");
     let again = hold(rpid);
     again.wait_lines(3);
     assert!(
@@ -263,7 +263,7 @@ fn no_tcp_established_closes_connections_at_checkpoint_and_at_restore() {
     let out = run.expect_ok("restore of a checkpoint without connection state");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["tcp"]["tcp"], "close", "{report}");
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(ask_in(w.pid("nt-b"), LINE_PORT).is_some_and(|l| l.ends_with("state=ok")));
 
     // A checkpoint with the state dumped, restored with --no-tcp-established (before:
@@ -273,7 +273,7 @@ fn no_tcp_established_closes_connections_at_checkpoint_and_at_restore() {
     let out = run.expect_ok("restore --no-tcp-established");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["tcp"]["tcp"], "close", "{report}");
-    r.wait_count(&w, 2);
+    r.wait_count(2);
     assert!(ask_in(w.pid("nt-c"), LINE_PORT).is_some_and(|l| l.ends_with("state=ok")));
     // The original never noticed.
     h.wait_lines(2);

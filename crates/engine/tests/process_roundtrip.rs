@@ -9,31 +9,7 @@ use std::time::Duration;
 use stasis_engine::checkpoint::{checkpoint_process, ProcessCheckpoint};
 use stasis_engine::image::ImageDir;
 use stasis_engine::restore::restore_process;
-use stasis_engine::tools;
-
-fn ready() -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false);
-    let why = if !root {
-        Some("not running as root".to_owned())
-    } else {
-        tools::criu_checked().err().map(|e| e.to_string())
-    };
-    match why {
-        None => true,
-        Some(w) if std::env::var_os("CI").is_some() => {
-            panic!("CRIU integration test cannot run in CI: {w}")
-        }
-        Some(w) => {
-            eprintln!("SKIPPED: CRIU integration test needs root and CRIU >= 4.2: {w}");
-            false
-        }
-    }
-}
+use stasis_testkit::Requirements;
 
 fn read_count(p: &Path) -> u64 {
     std::fs::read_to_string(p)
@@ -57,7 +33,11 @@ fn reap_orphans() {
 
 #[test]
 fn process_tree_checkpoint_kill_restore_continues() {
-    if !ready() {
+    if !Requirements::new("process_tree_checkpoint_kill_restore_continues")
+        .root()
+        .criu()
+        .met()
+    {
         return;
     }
     // The restored tree becomes our child: reap it ourselves, and be a subreaper for its

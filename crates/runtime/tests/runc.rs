@@ -15,188 +15,36 @@ use std::time::{Duration, Instant};
 
 use stasis_engine::checkpoint::{checkpoint_container, ContainerCheckpoint};
 use stasis_engine::image::ImageDir;
-use stasis_engine::runc::Runc;
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::server::TestServer;
 use stasis_node_api::{
     ColdStartCause, Plan, ReportEvent, Request, RequestBody, ResponseBody, RootfsMethod,
     PROTOCOL_VERSION,
 };
+use stasis_testkit::counter::count_of;
+use stasis_testkit::{repo, Requirements, World};
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
 fn ready(test: &str) -> bool {
-    let is_root = std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false);
-    let rootfs = repo().join("target/images/counter/rootfs/stasis-counter");
-    let why = if !is_root {
-        Some("not running as root".to_owned())
-    } else if let Err(e) = stasis_engine::tools::criu_checked() {
-        Some(e.to_string())
-    } else if !Path::new("/usr/sbin/runc").exists() && stasis_engine::tools::which("runc").is_none()
-    {
-        Some("runc is not installed (scripts/setup)".to_owned())
-    } else if !rootfs.exists() {
-        Some(format!(
-            "{} is missing (scripts/build-counter-image)",
-            rootfs.display()
-        ))
-    } else {
-        None
-    };
-    match why {
-        None => true,
-        Some(w) if std::env::var_os("CI").is_some() => panic!("{test} cannot run in CI: {w}"),
-        Some(w) => {
-            eprintln!("SKIPPED {test}: needs root, CRIU >= 4.2, runc and the counter image: {w}");
-            false
-        }
-    }
+    Requirements::containers(test).met()
 }
 
-/// One test's world: a temp dir (bundles, images, the wrapper's run dir), its own runc root
-/// under /run, and every container it made, removed on drop.
-struct World {
-    dir: tempfile::TempDir,
-    root: PathBuf,
-    containers: Vec<String>,
-    mounts: Vec<PathBuf>,
-}
-
-impl World {
-    fn new(name: &str) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("stasis-rt-it-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let root = PathBuf::from(format!("/run/stasis-rt-test-{name}-{}", std::process::id()));
-        Self {
-            dir,
-            root,
-            containers: Vec::new(),
-            mounts: Vec::new(),
-        }
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn run_dir(&self) -> PathBuf {
-        self.p("run")
-    }
-
-    fn runc(&self) -> Runc {
-        Runc::new(Some(&self.root)).unwrap()
-    }
-
-    fn bundle(&self, name: &str, env: &[&str]) -> PathBuf {
-        let b = self.p(name);
-        let out = Command::new(repo().join("scripts/make-bundle"))
-            .arg(&b)
-            .args(env)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "make-bundle: {}", text(&out));
-        b
-    }
-
-    fn track(&mut self, id: &str) {
-        self.containers.push(id.to_owned());
-    }
-
-    /// A bundle the way containerd makes one for a pod's container: the rootfs an overlay
-    /// mount (the image as the lower layer), CRI annotations, and the network namespace joined
-    /// by path (`None`: its own).
-    fn cri_bundle(
-        &mut self,
-        name: &str,
-        env: &[&str],
-        annotations: serde_json::Value,
-        netns: Option<&Path>,
-    ) -> PathBuf {
-        let b = self.bundle(name, env);
-        std::fs::rename(b.join("rootfs"), b.join("lower")).unwrap();
-        for d in ["rootfs", "upper", "work"] {
-            std::fs::create_dir(b.join(d)).unwrap();
-        }
-        let st = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o"])
-            .arg(format!(
-                "lowerdir={},upperdir={},workdir={}",
-                b.join("lower").display(),
-                b.join("upper").display(),
-                b.join("work").display()
-            ))
-            .arg(b.join("rootfs"))
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount overlay");
-        self.mounts.push(b.join("rootfs"));
-        let cfg_path = b.join("config.json");
-        let mut cfg: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-        let ns = cfg["linux"]["namespaces"].as_array_mut().unwrap();
-        ns.retain(|n| n["type"] != "network");
-        ns.push(match netns {
-            Some(p) => serde_json::json!({"type": "network", "path": p}),
-            None => serde_json::json!({"type": "network"}),
-        });
-        for (k, v) in annotations.as_object().unwrap() {
-            cfg["annotations"][k] = v.clone();
-        }
-        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-        b
-    }
-
-    /// `runc run -d` with stdout and stderr on pipes (as a shim would give them); the stdout
-    /// lines collect in the returned vector.
-    fn run_piped(
+/// What these tests add to a [`World`]: the wrapper run the way the shim runs it.
+trait Wrapper {
+    fn wrapper(&self) -> Command;
+    fn globals(&self) -> Vec<String>;
+    fn log(&self) -> String;
+    fn state(&self, id: &str) -> String;
+    fn create(
         &mut self,
         bundle: &Path,
         id: &str,
-    ) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
-        self.track(id);
-        let mut child = Command::new("runc")
-            .arg("--root")
-            .arg(&self.root)
-            .args(["run", "-d", "--bundle"])
-            .arg(bundle)
-            .arg(id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let l2 = lines.clone();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                l2.lock().unwrap().push(l);
-            }
-        });
-        std::thread::spawn(move || for _ in BufReader::new(err).lines().map_while(Result::ok) {});
-        let st = child.wait().unwrap();
-        assert!(st.success(), "runc run {id}: {st}");
-        lines
-    }
+    ) -> (std::process::ExitStatus, mpsc::Receiver<String>);
+    fn wrap(&self, args: &[&str]) -> Output;
+}
 
-    fn pid(&self, id: &str) -> i32 {
-        self.runc().state(id).unwrap().pid
-    }
-
+impl Wrapper for World {
     /// The wrapper with this world's settings.
     fn wrapper(&self) -> Command {
         // STASIS_RUNC_UNDER_TEST: another build of the wrapper (e.g. target/release/stasis-runc).
@@ -214,16 +62,16 @@ impl World {
     fn globals(&self) -> Vec<String> {
         vec![
             "--root".into(),
-            self.root.display().to_string(),
+            self.runc_root.display().to_string(),
             "--log".into(),
-            self.p("log.json").display().to_string(),
+            self.path("log.json").display().to_string(),
             "--log-format".into(),
             "json".into(),
         ]
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.p("log.json")).unwrap_or_default()
+        std::fs::read_to_string(self.path("log.json")).unwrap_or_default()
     }
 
     fn state(&self, id: &str) -> String {
@@ -245,11 +93,11 @@ impl World {
             .arg("--bundle")
             .arg(bundle)
             .arg("--pid-file")
-            .arg(self.p(&format!("{id}.pid")))
+            .arg(self.path(&format!("{id}.pid")))
             .arg(id)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(self.p(&format!("{id}.stderr"))).unwrap())
+            .stderr(std::fs::File::create(self.path(&format!("{id}.stderr"))).unwrap())
             .spawn()
             .unwrap();
         let out = child.stdout.take().unwrap();
@@ -276,19 +124,6 @@ impl World {
     }
 }
 
-impl Drop for World {
-    fn drop(&mut self) {
-        let r = self.runc();
-        for id in self.containers.iter().rev() {
-            let _ = r.delete_force(id);
-        }
-        for m in self.mounts.iter().rev() {
-            let _ = Command::new("umount").arg(m).status();
-        }
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
 fn text(o: &Output) -> String {
     format!(
         "{}\n{}\n{}",
@@ -296,14 +131,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-fn count_of(line: &str) -> Option<u64> {
-    line.strip_prefix("count=")?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 fn next_count(rx: &mpsc::Receiver<String>) -> (u64, String) {
@@ -362,7 +189,7 @@ fn create_restores_from_a_plan_file_and_start_is_a_no_op() {
     w.track("c1");
     let mut child = Command::new("runc")
         .arg("--root")
-        .arg(&w.root)
+        .arg(&w.runc_root)
         .args(["run", "-d", "--bundle"])
         .arg(&b1)
         .arg("c1")
@@ -393,7 +220,7 @@ fn create_restores_from_a_plan_file_and_start_is_a_no_op() {
     std::fs::write(b1.join("rootfs/note.txt"), "written before the checkpoint").unwrap();
 
     // Checkpoint (stop mode) with the engine, as the agent would.
-    let img = ImageDir::new(w.p("img"));
+    let img = ImageDir::new(w.path("img"));
     let cap = checkpoint_container(&ContainerCheckpoint {
         runc: &runc,
         id: "c1",
@@ -443,9 +270,9 @@ fn create_restores_from_a_plan_file_and_start_is_a_no_op() {
         st.success(),
         "create: {st}; log: {}; stderr: {}",
         w.log(),
-        std::fs::read_to_string(w.p("c2.stderr")).unwrap_or_default()
+        std::fs::read_to_string(w.path("c2.stderr")).unwrap_or_default()
     );
-    assert!(w.p("c2.pid").exists(), "the shim's pid file");
+    assert!(w.path("c2.pid").exists(), "the shim's pid file");
     assert_eq!(w.state("c2"), "running");
     assert!(w.run_dir().join("restored/c2").exists());
     assert!(
@@ -543,7 +370,7 @@ fn create_without_a_plan_is_a_cold_start() {
     );
 
     // A plan that the agent did not verify: cold start, reported, plan consumed.
-    let img = w.p("not-verified");
+    let img = w.path("not-verified");
     std::fs::create_dir_all(img.join("criu")).unwrap();
     std::fs::write(img.join("criu/inventory.img"), "x").unwrap();
     let plans = w.run_dir().join("plans");
@@ -620,7 +447,7 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
     };
 
     // Pod A: a sandbox holding the network namespace, and the app container joining it.
-    let sb1 = w.cri_bundle("sb1", &["STATE_MB=1"], sandbox("uid-a"), None);
+    let sb1 = w.cri_bundle("sb1", &["STATE_MB=1"], &sandbox("uid-a"), None);
     w.run_piped(&sb1, "sb1");
     let sb1_pid = w.pid("sb1");
     let lo = |pid: i32| {
@@ -641,7 +468,7 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
     };
     lo(sb1_pid);
     let netns1 = PathBuf::from(format!("/proc/{sb1_pid}/ns/net"));
-    let b1 = w.cri_bundle("b1", &env, app("uid-a"), Some(&netns1));
+    let b1 = w.cri_bundle("b1", &env, &app("uid-a"), Some(&netns1));
     let c1_lines = w.run_piped(&b1, "c1");
     let until = Instant::now() + Duration::from_secs(10);
     while c1_lines.lock().unwrap().len() < 8 {
@@ -652,7 +479,7 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
     std::fs::write(b1.join("rootfs/data.txt"), "pod A wrote this").unwrap();
     std::fs::remove_file(b1.join("rootfs/etc/group")).ok();
 
-    let img = ImageDir::new(w.p("img"));
+    let img = ImageDir::new(w.path("img"));
     let cap = checkpoint_container(&ContainerCheckpoint {
         runc: &w.runc(),
         id: "c1",
@@ -697,7 +524,7 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
     )
     .unwrap();
     let srv = agent(&w.run_dir().join("agent.sock"));
-    let sb2 = w.cri_bundle("sb2", &["STATE_MB=1"], sandbox("uid-b"), None);
+    let sb2 = w.cri_bundle("sb2", &["STATE_MB=1"], &sandbox("uid-b"), None);
     // The sandbox's create goes through the wrapper too, untouched.
     let (st, _sb_out) = w.create(&sb2, "sb2");
     assert!(st.success());
@@ -705,7 +532,7 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
     let sb2_pid = w.pid("sb2");
     lo(sb2_pid);
     let netns2 = PathBuf::from(format!("/proc/{sb2_pid}/ns/net"));
-    let b2 = w.cri_bundle("b2", &env, app("uid-b"), Some(&netns2));
+    let b2 = w.cri_bundle("b2", &env, &app("uid-b"), Some(&netns2));
     let (st, rx) = w.create(&b2, "c2");
     assert!(st.success(), "create: {st}; log: {}", w.log());
     assert!(w.wrap(&["start", "c2"]).status.success());
@@ -829,7 +656,7 @@ fn create_overhead_without_a_plan() {
             .arg("--bundle")
             .arg(&b)
             .arg("--pid-file")
-            .arg(w.p("o.pid"))
+            .arg(w.path("o.pid"))
             .arg(id)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -849,7 +676,7 @@ fn create_overhead_without_a_plan() {
     for i in 0..RUNS {
         plain.push(time_create(None, &format!("o-runc-{i}")));
         no_agent.push(time_create(
-            Some(w.p("absent.sock")),
+            Some(w.path("absent.sock")),
             &format!("o-wrap-{i}"),
         ));
         with_agent.push(time_create(

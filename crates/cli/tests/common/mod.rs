@@ -7,88 +7,61 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const STASIS: &str = env!("CARGO_BIN_EXE_stasis");
+// (each test binary includes this module and uses some of it)
+#[allow(unused_imports)]
+pub use stasis_testkit::{counter::count_of, repo, Overlay};
+use stasis_testkit::{Requirements, RuncRoot};
 
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
+pub const STASIS: &str = env!("CARGO_BIN_EXE_stasis");
 
 /// Whether the real tools are here; prints the reason (and fails in CI) when not.
 pub fn ready(test: &str) -> bool {
-    let is_root = std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false);
-    let rootfs = repo().join("target/images/counter/rootfs/stasis-counter");
-    let why = if !is_root {
-        Some("not running as root".to_owned())
-    } else if let Err(e) = stasis_engine::tools::criu_checked() {
-        Some(e.to_string())
-    } else if stasis_engine::tools::which("runc").is_none() {
-        Some("runc is not installed (scripts/setup)".to_owned())
-    } else if !rootfs.exists() {
-        Some(format!(
-            "{} is missing (scripts/build-counter-image)",
-            rootfs.display()
-        ))
-    } else {
-        None
-    };
-    match why {
-        None => true,
-        Some(w) if std::env::var_os("CI").is_some() => panic!("{test} cannot run in CI: {w}"),
-        Some(w) => {
-            eprintln!("SKIPPED {test}: needs root, CRIU >= 4.2, runc and the counter image: {w}");
-            false
-        }
-    }
+    Requirements::containers(test).met()
 }
 
-/// One test's world: a temp dir with a runc root, a store, a key and a work dir.
+/// One test's world (the kit's [`stasis_testkit::World`], its runc root inside it) with a
+/// store, a key and a work dir for `stasis`.
 pub struct World {
-    pub dir: tempfile::TempDir,
-    pub runc_root: PathBuf,
+    base: stasis_testkit::World,
     pub store: String,
     pub key: PathBuf,
     /// Extra environment for `stasis` (e.g. S3 credentials).
     pub env: Vec<(String, String)>,
-    containers: Vec<String>,
+}
+
+impl Deref for World {
+    type Target = stasis_testkit::World;
+    fn deref(&self) -> &Self::Target {
+        &self.base
+    }
+}
+
+impl DerefMut for World {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.base
+    }
 }
 
 impl World {
     pub fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("stasis-it-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let runc_root = dir.path().join("runc");
-        let store = format!("file://{}", dir.path().join("store").display());
-        let key = dir.path().join("key");
+        let base = stasis_testkit::World::with_root("cli", RuncRoot::InWorld);
+        let store = format!("file://{}", base.path("store").display());
+        let key = base.path("key");
         let w = Self {
-            dir,
-            runc_root,
+            base,
             store,
             key,
             env: Vec::new(),
-            containers: Vec::new(),
         };
         w.stasis(&["key", "generate", w.key.to_str().unwrap()]).ok();
         // The store exists (readers never create one).
         std::fs::create_dir_all(w.path("store")).unwrap();
         w
-    }
-
-    pub fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
     }
 
     /// Runs `stasis` with this world's store, key, runc root and work dir.
@@ -103,22 +76,10 @@ impl World {
             .env("STASIS_STORE", &self.store)
             .env("STASIS_KEY_FILE", &self.key)
             .env("STASIS_RUNC_ROOT", &self.runc_root)
-            .env("STASIS_WORK_DIR", self.dir.path().join("work"))
+            .env("STASIS_WORK_DIR", self.path("work"))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         c
-    }
-
-    pub fn bundle(&self, name: &str, env: &[&str]) -> PathBuf {
-        let b = self.path(name);
-        let st = Command::new(repo().join("scripts/make-bundle"))
-            .arg(&b)
-            .args(env)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(st.success(), "make-bundle failed");
-        b
     }
 
     /// Starts a counter container; its stdout is read by a thread into `<id>.log`.
@@ -150,13 +111,13 @@ impl World {
             self.path(&format!("{id}.stderr")),
         );
         assert!(child.wait().unwrap().success(), "runc run failed");
-        self.containers.push(id.to_owned());
+        self.track(id);
         let c = Container {
             id: id.to_owned(),
             log,
             bundle,
         };
-        c.wait_count(self, 3);
+        c.wait_count(3);
         c
     }
 
@@ -193,7 +154,7 @@ impl World {
         ];
         args.extend_from_slice(extra);
         let run = self.stasis(&args);
-        self.containers.push(id.to_owned());
+        self.track(id);
         (
             run,
             Container {
@@ -204,17 +165,8 @@ impl World {
         )
     }
 
-    pub fn runc(&self, args: &[&str]) -> Output {
-        Command::new("runc")
-            .arg("--root")
-            .arg(&self.runc_root)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
     pub fn status(&self, id: &str) -> Option<String> {
-        let out = self.runc(&["state", id]);
+        let out = self.runc_output(&["state", id]);
         if !out.status.success() {
             return None;
         }
@@ -222,31 +174,13 @@ impl World {
         v["status"].as_str().map(str::to_owned)
     }
 
-    pub fn pid(&self, id: &str) -> i32 {
-        let out = self.runc(&["state", id]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["pid"].as_i64().unwrap() as i32
-    }
-
     pub fn kill(&self, id: &str) {
-        self.runc(&["kill", id, "KILL"]);
+        self.runc_output(&["kill", id, "KILL"]);
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.status(id).as_deref() == Some("running") && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.runc(&["delete", "--force", id]);
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        for id in &self.containers {
-            let _ = Command::new("runc")
-                .arg("--root")
-                .arg(&self.runc_root)
-                .args(["delete", "--force", id])
-                .output();
-        }
+        self.runc_output(&["delete", "--force", id]);
     }
 }
 
@@ -279,7 +213,7 @@ impl Container {
 
     /// Counts printed so far, in order.
     pub fn counts(&self) -> Vec<u64> {
-        self.lines().iter().filter_map(|l| parse_count(l)).collect()
+        stasis_testkit::counter::counts(&self.lines())
     }
 
     pub fn last_count(&self) -> u64 {
@@ -291,7 +225,7 @@ impl Container {
     }
 
     /// Waits until the counter has printed at least `n` more lines than now.
-    pub fn wait_count(&self, _w: &World, n: usize) {
+    pub fn wait_count(&self, n: usize) {
         let start = self.counts().len();
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.counts().len() < start + n {
@@ -304,12 +238,6 @@ impl Container {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-}
-
-pub fn parse_count(line: &str) -> Option<u64> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("count="))
-        .and_then(|n| n.parse().ok())
 }
 
 /// A finished `stasis` run.
@@ -368,46 +296,13 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Mounts an overlay at `<bundle>/rootfs` over a copy of the image rootfs, as containerd's
-/// snapshotter does; unmounted on drop.
-pub struct Overlay {
-    pub merged: std::path::PathBuf,
-}
-
-impl Overlay {
-    pub fn over(bundle: &std::path::Path) -> Self {
-        let merged = bundle.join("rootfs");
-        let lower = bundle.join("lower");
-        std::fs::rename(&merged, &lower).unwrap();
-        // The "image" also has a directory with content, to be replaced by an opaque one.
+/// The kit's overlay rootfs over a counter bundle, its "image" with a directory with content
+/// (`olddir/old-file`), to be replaced by an opaque one.
+pub fn image_overlay(bundle: &Path) -> Overlay {
+    Overlay::over_with(bundle, |lower| {
         std::fs::create_dir_all(lower.join("olddir")).unwrap();
         std::fs::write(lower.join("olddir/old-file"), "from the image").unwrap();
-        for d in ["rootfs", "upper", "work"] {
-            std::fs::create_dir(bundle.join(d)).unwrap();
-        }
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            lower.display(),
-            bundle.join("upper").display(),
-            bundle.join("work").display()
-        );
-        let st = std::process::Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(&merged)
-            .status()
-            .unwrap();
-        assert!(st.success(), "cannot mount an overlay");
-        Self { merged }
-    }
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.merged)
-            .status();
-    }
+    })
 }
 
 pub fn xattr(path: &std::path::Path, name: &str) -> Option<String> {
