@@ -8,67 +8,10 @@
 # `scripts/cluster up` builds them) — printed, never silent.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
-apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
-etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
-if [[ -z "$apiserver" || -z "$etcd" ]] || ! command -v kubectl >/dev/null || ! command -v openssl >/dev/null; then
-    echo "SKIP apiserver-crds: needs kube-apiserver and etcd under $cache (scripts/cluster up builds them), kubectl and openssl"
-    exit 77
-fi
-
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
-
-openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
-echo "admintoken,admin,admin,system:masters" >"$work/tokens.csv"
-"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
-    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
-    >"$work/etcd.log" 2>&1 &
-pids+=($!)
-"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
-    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode AlwaysAllow \
-    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
-    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
-    >"$work/apiserver.log" 2>&1 &
-pids+=($!)
-
-cat >"$work/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
-users: [{name: a, user: {token: admintoken}}]
-contexts: [{name: t, context: {cluster: t, user: a, namespace: default}}]
-current-context: t
-EOF
-export KUBECONFIG="$work/kubeconfig"
-
-for _ in $(seq 120); do
-    kubectl get --raw /readyz >/dev/null 2>&1 && break
-    sleep 0.5
-done
-if ! kubectl get --raw /readyz >/dev/null 2>&1; then
-    echo "FAIL apiserver-crds: kube-apiserver did not become ready; its log:" >&2
-    tail -20 "$work/apiserver.log" >&2
-    exit 1
-fi
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
+# shellcheck source=tests/lib/apiserver.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../tests/lib/apiserver.sh"
+apiserver_need apiserver-crds
+apiserver_start
 
 kubectl apply --server-side -f "$root/deploy/helm/stasis/crds/stasis.dev.yaml" >/dev/null
 kubectl wait --for condition=established --timeout=30s \

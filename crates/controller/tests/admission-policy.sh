@@ -17,71 +17,11 @@
 # printed, never silent.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
-apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
-kubectl="$(ls -d "$cache"/kubernetes-v*/bin/kubectl 2>/dev/null | sort -V | tail -1 || true)"
-etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
-helm="$(ls -d "$cache"/helm-v*/bin/helm 2>/dev/null | sort -V | tail -1 || command -v helm || true)"
-[[ -n "$kubectl" ]] || kubectl="$(command -v kubectl || true)"
-if [[ -z "$apiserver" || -z "$etcd" || -z "$helm" || -z "$kubectl" ]] || ! command -v openssl >/dev/null; then
-    echo "SKIP admission-policy: needs kube-apiserver, etcd, kubectl and helm under $cache (scripts/build-platform builds them) and openssl"
-    exit 77
-fi
-kubectl() { "$kubectl" "$@"; }
+# shellcheck source=tests/lib/apiserver.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../tests/lib/apiserver.sh"
+apiserver_need admission-policy helm
+APISERVER_NAMESPACE=prod apiserver_start --authorization-mode RBAC
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
-
-openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
-echo "admintoken,admin,admin,system:masters" >"$work/tokens.csv"
-"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
-    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
-    >"$work/etcd.log" 2>&1 &
-pids+=($!)
-"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
-    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode RBAC \
-    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
-    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
-    >"$work/apiserver.log" 2>&1 &
-pids+=($!)
-
-cat >"$work/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
-users: [{name: a, user: {token: admintoken}}]
-contexts: [{name: t, context: {cluster: t, user: a, namespace: prod}}]
-current-context: t
-EOF
-export KUBECONFIG="$work/kubeconfig"
-
-for _ in $(seq 120); do
-    kubectl get --raw /readyz >/dev/null 2>&1 && break
-    sleep 0.5
-done
-if ! kubectl get --raw /readyz >/dev/null 2>&1; then
-    echo "FAIL admission-policy: kube-apiserver did not become ready; its log:" >&2
-    tail -20 "$work/apiserver.log" >&2
-    exit 1
-fi
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
 # allowed WHAT COMMAND...: the API server accepts; refused WHAT FRAGMENT COMMAND...: it refuses,
 # naming FRAGMENT.
 allowed() {
@@ -347,7 +287,7 @@ if [[ -n $controller_bin ]]; then
     "$controller_bin" run --namespace "$SNS" --no-webhook --key-broker --key-broker-addr "127.0.0.1:$broker_port" \
         --cluster-key-secret stasis-cluster-key --create-cluster-key --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
         --metrics-addr "127.0.0.1:$(free_port)" >"$work/controller.log" 2>&1 &
-    pids+=($!)
+    stop_at_exit $!
     aud=stasis.dev/key-broker
     token() { kubectl create token "$1" -n "$2" --audience "$aud" --bound-object-kind Pod --bound-object-name "$3"; }
     t1=$(token stasis-agent "$SNS" agent-1)
