@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# kubectl-stasis against a real kube-apiserver with RBAC: starts etcd and kube-apiserver (the
+# binaries scripts/cluster builds into its cache) on free local ports, installs the stasis CRDs
+# and the chart's user ClusterRoles, and runs every command of the plugin as users of different
+# rights. There is no kubelet, controller or agent here: pods stay unscheduled, and where stasis's
+# agent would write a PodCheckpoint's status, this script writes it (it says so when it does).
+#
+# Usage: apiserver-kubectl.sh [path/to/kubectl-stasis]   (default: target/debug/kubectl-stasis)
+# Exit 0: all checks pass. Exit 1: a check failed. Exit 77: skipped (binaries not built yet;
+# `scripts/cluster up` builds them) — printed, never silent.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+plugin="${1:-$root/target/debug/kubectl-stasis}"
+cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
+apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
+etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
+helm="$(ls -d "$cache"/helm-v*/bin/helm 2>/dev/null | sort -V | tail -1 || command -v helm || true)"
+if [[ -z "$apiserver" || -z "$etcd" || -z "$helm" ]] || ! command -v kubectl >/dev/null || ! command -v jq >/dev/null || ! command -v openssl >/dev/null; then
+    echo "SKIP apiserver-kubectl: needs kube-apiserver, etcd and helm under $cache (scripts/cluster up builds them), kubectl, jq and openssl"
+    exit 77
+fi
+[[ -x "$plugin" ]] || { echo "FAIL apiserver-kubectl: no plugin binary at $plugin (cargo build -p stasis-kubectl)" >&2; exit 1; }
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
+
+openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
+cat >"$work/tokens.csv" <<'EOF'
+admintoken,admin,admin,system:masters
+devtoken,dev,dev
+opstoken,ops,ops
+nobodytoken,nobody,nobody
+EOF
+"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    >"$work/etcd.log" 2>&1 &
+pids+=($!)
+"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
+    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
+    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
+    >"$work/apiserver.log" 2>&1 &
+pids+=($!)
+
+kubeconfig() { # user token: a kubeconfig whose context's namespace is prod
+    cat >"$work/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
+users: [{name: $1, user: {token: $2}}]
+contexts: [{name: t, context: {cluster: t, user: $1, namespace: prod}}]
+current-context: t
+EOF
+}
+kubeconfig admin admintoken; kubeconfig dev devtoken; kubeconfig ops opstoken; kubeconfig nobody nobodytoken
+export KUBECONFIG="$work/admin.kubeconfig"
+
+for _ in $(seq 120); do
+    kubectl get --raw /readyz >/dev/null 2>&1 && break
+    sleep 0.5
+done
+if ! kubectl get --raw /readyz >/dev/null 2>&1; then
+    echo "FAIL apiserver-kubectl: kube-apiserver did not become ready; its log:" >&2
+    tail -20 "$work/apiserver.log" >&2
+    exit 1
+fi
+
+failures=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
+# as USER ARGS...: the plugin as that user; stdout in $work/out, stderr in $work/err, its status in rc
+# (STASIS_TEST_SHOW=1 prints each command's output)
+as() {
+    local u=$1; shift; rc=0; KUBECONFIG="$work/$u.kubeconfig" "$plugin" "$@" >"$work/out" 2>"$work/err" || rc=$?
+    [ -z "${STASIS_TEST_SHOW:-}" ] || { echo "\$ kubectl stasis $* (as $u; exit $rc)"; cat "$work/out" "$work/err"; } | sed 's/^/# /'
+}
+ok_if() { if "${@:2}" >/dev/null; then pass "$1"; else fail "$1: rc=$rc, out: $(head -c 600 "$work/out"), err: $(head -c 600 "$work/err")"; fi; }
+out_has() { grep -qF -- "$1" "$work/out"; }
+jqe() { [ -s "$work/out" ] && jq -e "$1" "$work/out"; } # (jq -e passes an empty input)
+err_has() { grep -qF -- "$1" "$work/err"; }
+ts() { date -u -d "@$(( $(date +%s) - $1 ))" +%Y-%m-%dT%H:%M:%SZ; } # RFC 3339, $1 seconds ago
+
+kubectl apply --server-side -f "$root/deploy/helm/stasis/crds/stasis.dev.yaml" >/dev/null
+kubectl wait --for condition=established --timeout=30s \
+    crd/checkpointpolicies.stasis.dev crd/podcheckpoints.stasis.dev crd/podrestores.stasis.dev >/dev/null
+# the chart's user roles, as it renders them
+"$helm" template stasis "$root/deploy/helm/stasis" -n stasis-system --set store.url=s3://unused/ \
+    --show-only templates/rbac-users.yaml | kubectl apply -f - >/dev/null
+kubectl create namespace prod >/dev/null
+kubectl -n prod create serviceaccount default >/dev/null # (no controller-manager makes it)
+kubectl apply -f - >/dev/null <<'EOF'
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: stasis}
+handler: stasis
+---
+# what a namespace user reads besides stasis's kinds (the built-in view role's part; no
+# controller-manager here aggregates the chart's roles into view and edit)
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: reader, namespace: prod}
+rules:
+  - {apiGroups: [""], resources: [pods, events], verbs: [get, list, watch]}
+  - {apiGroups: [apps], resources: [deployments], verbs: [get, list]}
+EOF
+kubectl -n prod create rolebinding reader --role=reader --user=dev --user=ops >/dev/null
+kubectl -n prod create rolebinding requester --clusterrole=stasis-checkpoint-requester --user=dev --user=ops >/dev/null
+kubectl -n prod create rolebinding viewer --clusterrole=stasis-checkpoint-viewer --user=dev --user=ops >/dev/null
+kubectl -n prod create rolebinding restorer --clusterrole=stasis-restorer --user=ops >/dev/null
+
+# ------------------------------------------------------------------ the namespace's state
+# web-0 cold-started, web-1 was restored from web-0's checkpoint; plain is not opted in.
+pod() { # name node annotations-json [runtimeClassName]
+    printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","labels":{"app":"web"},"annotations":%s},"spec":{"nodeName":"%s",%s"containers":[{"name":"c","image":"i"}]}}' \
+        "$1" "$3" "$2" "${4-\"runtimeClassName\":\"stasis\",}" | kubectl -n prod create -f - >/dev/null
+    kubectl -n prod patch pod "$1" --subresource=status --type=merge -p "{\"status\":{\"startTime\":\"$(ts 600)\"}}" >/dev/null
+}
+pod web-0 node-1 '{"stasis.dev/decision":"ColdStart","stasis.dev/decision-reason":"no checkpoint of this workload to continue from","stasis.dev/lineage":"prod_deployment_web.1","stasis.dev/generation":"1"}'
+pod web-1 node-2 '{"stasis.dev/decision":"Restore","stasis.dev/restore-from":"prod_deployment_web.1/0000000001","stasis.dev/lineage":"prod_deployment_web.1","stasis.dev/generation":"2"}'
+pod plain node-1 '{}' ''
+UID0=$(kubectl -n prod get pod web-0 -o jsonpath='{.metadata.uid}')
+UID1=$(kubectl -n prod get pod web-1 -o jsonpath='{.metadata.uid}')
+kubectl -n prod apply -f - >/dev/null <<'EOF'
+apiVersion: stasis.dev/v1alpha1
+kind: CheckpointPolicy
+metadata: {name: every-30s}
+spec: {selector: {matchLabels: {app: web}}, interval: 30s}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 0
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {runtimeClassName: stasis, containers: [{name: c, image: i}]}
+EOF
+echo "# this script plays stasis's agent and controller: it writes PodCheckpoint statuses and Events as they would (no kubelet, agent or controller runs here)"
+ckpt() { # name id pod uid reason phase seconds-ago size freeze-ms node
+    local name=$1 id=$2; shift 2
+    printf 'apiVersion: stasis.dev/v1alpha1\nkind: PodCheckpoint\nmetadata: {name: %s}\nspec: {sourcePodName: %s, reason: %s}\n' "$name" "$1" "$3" | kubectl -n prod create -f - >/dev/null
+    kubectl -n prod patch pckpt "$name" --subresource=status --type=merge -p "$(jq -nc --arg uid "$2" --arg ph "$4" --arg t "$(ts "$5")" \
+        --arg ref "prod_deployment_web.1/$id" --argjson size "$6" --argjson fr "$7" --arg node "$8" \
+        '{status: {phase: $ph, sourcePodUID: $uid, node: $node, lineage: "prod_deployment_web.1", generation: 1, checkpointRef: $ref, startTime: $t, sizeBytes: $size, freezeMillis: $fr}}')" >/dev/null
+}
+ckpt web-0-final 0000000001 web-0 "$UID0" Termination Succeeded 300 1048576 40 node-1
+ckpt web-1-1796000000 0000000002 web-1 "$UID1" Heartbeat Succeeded 20 3145728 55 node-2
+ckpt web-1-1796000030 0000000003 web-1 "$UID1" Heartbeat Failed 10 0 0 node-2
+kubectl -n prod create -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Event
+metadata: {name: web-0.coldstart}
+involvedObject: {kind: Pod, namespace: prod, name: web-0, uid: "$UID0", apiVersion: v1}
+type: Normal
+reason: ColdStart
+message: "no checkpoint of this workload to continue from"
+source: {component: stasis-controller}
+firstTimestamp: "$(ts 590)"
+lastTimestamp: "$(ts 590)"
+---
+apiVersion: v1
+kind: Event
+metadata: {name: web-0.scheduled}
+involvedObject: {kind: Pod, namespace: prod, name: web-0, uid: "$UID0", apiVersion: v1}
+type: Normal
+reason: Scheduled
+message: "Successfully assigned prod/web-0 to node-1"
+source: {component: default-scheduler}
+firstTimestamp: "$(ts 595)"
+lastTimestamp: "$(ts 595)"
+EOF
+
+# ------------------------------------------------------------------ status
+as dev status
+ok_if "status: a kubectl table of the opted-in pods (plain, not opted in, is left out)" bash -c \
+    "head -1 '$work/out' | grep -Eq '^POD +LINEAGE +CHECKPOINTS +LAST +SIZE +FREEZE +NEXT DUE +DECISION +REASON\$' && [ \$(wc -l <'$work/out') = 3 ] && ! grep -q '^plain' '$work/out'"
+ok_if "status: web-1: its lineage's 2 checkpoints, the last 20 s old, 3.0Mi, 55ms, restored from web-0's" bash -c \
+    "grep -Eq '^web-1 +prod_deployment_web.1 +2 +2[0-9]s ago +3.0Mi +55ms +in [0-9]+s +Restore +from prod_deployment_web.1/0000000001\$' '$work/out'"
+ok_if "status: web-0: why it cold-started" out_has "ColdStart   no checkpoint of this workload to continue from"
+as dev status web-1 -o json
+ok_if "status -o json: the fields, the next heartbeat due within the 30 s interval after the last attempt (10 s ago)" \
+    jqe '.[0] | .pod == "web-1" and .checkpoints == 2 and .lastCheckpoint.name == "web-1-1796000000" and .lastCheckpoint.sizeBytes == 3145728
+        and .lastCheckpoint.freezeMillis == 55 and .policy == "every-30s" and .nextDueSeconds >= 15 and .nextDueSeconds <= 20
+        and .decision == "Restore"'
+as dev status deployment/web -o yaml
+ok_if "status deployment/web -o yaml: the pods its selector selects" bash -c \
+    "grep -c '^- namespace: prod' '$work/out' | grep -qx 3 && grep -q 'pod: web-0' '$work/out'"
+as dev status nosuch
+ok_if "status of a pod that does not exist: an error naming it and the workload form" \
+    bash -c "[ $rc = 1 ] && grep -qF 'pod prod/nosuch not found (for a workload name its kind: deployment/nosuch' '$work/err'"
+as nobody status
+ok_if "status as a user who may not list pods: the API server's refusal, passed on" \
+    bash -c "[ $rc = 1 ] && grep -qF 'forbidden: pods is forbidden: User \"nobody\" cannot list resource \"pods\"' '$work/err'"
+
+# ------------------------------------------------------------------ list
+as dev list
+ok_if "list: newest first, with kubectl's columns and ages" bash -c \
+    "head -1 '$work/out' | grep -Eq '^NAME +POD +REASON +PHASE +CHECKPOINT +SIZE +FREEZE +NODE +AGE\$' &&
+     [ \"\$(awk 'NR>1 {print \$1}' '$work/out' | tr '\n' ' ')\" = 'web-1-1796000030 web-1-1796000000 web-0-final ' ]"
+as dev list web-0 -o json
+ok_if "list web-0 -o json: a List of its lineage's PodCheckpoints" \
+    jqe '.kind == "List" and (.items | length) == 3 and .items[0].kind == "PodCheckpoint"'
+kubectl create namespace empty >/dev/null
+kubectl -n empty create rolebinding viewer --clusterrole=stasis-checkpoint-viewer --user=dev >/dev/null
+as dev list -n empty
+ok_if "list in a namespace without checkpoints: kubectl's words" bash -c "[ $rc = 0 ] && [ \"\$(cat '$work/out')\" = 'No resources found in empty namespace.' ]"
+
+# ------------------------------------------------------------------ why
+as dev why web-0
+ok_if "why web-0: the decision, its reason, the lineage" bash -c \
+    "grep -q '^Decision: *ColdStart\$' '$work/out' && grep -q '^Reason: *no checkpoint of this workload to continue from\$' '$work/out' && grep -q '^Lineage: *prod_deployment_web.1\$' '$work/out'"
+ok_if "why web-0: stasis's Event, not the scheduler's" bash -c \
+    "grep -Eq '^  Normal +ColdStart +[0-9]+m[0-9]*s? +stasis-controller +no checkpoint' '$work/out' && ! grep -q Scheduled '$work/out'"
+as dev why plain -o json
+ok_if "why plain -o json: no decision, not opted in" jqe '.decision == null and .runtimeClass == null and .events == []'
+
+# ------------------------------------------------------------------ checkpoint
+agent() { # phase-after-running [reason message]: plays the agent for the next manual PodCheckpoint of web-1
+    local n=""
+    for _ in $(seq 100); do
+        n=$(kubectl -n prod get pckpt -o json | jq -r '[.items[] | select(.spec.reason == "Manual" and .status == null)][0].metadata.name // empty')
+        [ -n "$n" ] && break; sleep 0.1
+    done
+    [ -n "$n" ] || return 0
+    kubectl -n prod patch pckpt "$n" --subresource=status --type=merge -p '{"status":{"phase":"Running","node":"node-2","conditions":[{"type":"Ready","status":"False","reason":"CheckpointInProgress","message":"freezing","lastTransitionTime":"'"$(ts 0)"'"}]}}' >/dev/null
+    sleep 1.2
+    if [ "$1" = Succeeded ]; then
+        kubectl -n prod patch pckpt "$n" --subresource=status --type=merge -p '{"status":{"phase":"Succeeded","checkpointRef":"prod_deployment_web.1/0000000009","sizeBytes":2097152,"freezeMillis":33,"totalMillis":800}}' >/dev/null
+    else
+        kubectl -n prod patch pckpt "$n" --subresource=status --type=merge -p '{"status":{"phase":"Failed","conditions":[{"type":"Ready","status":"False","reason":"'"$2"'","message":"'"$3"'","lastTransitionTime":"'"$(ts 0)"'"}]}}' >/dev/null
+    fi
+}
+agent Succeeded & apid=$!
+as dev checkpoint web-1
+wait $apid
+ok_if "checkpoint web-1: follows it to Succeeded (exit 0)" bash -c "[ $rc = 0 ] && grep -q '^podcheckpoint.stasis.dev/web-1-manual-' '$work/out'"
+ok_if "checkpoint web-1: a progress line per step: created, Running on node-2, Succeeded with its figures" bash -c \
+    "grep -q 'created\$' '$work/err' && grep -Eq ': Running on node-2 \(CheckpointInProgress\) [0-9.]+s\$' '$work/err' &&
+     grep -Eq ': Succeeded on node-2 \(prod_deployment_web.1/0000000009, 2.0Mi, frozen 33 ms, total 800 ms\) [0-9.]+s\$' '$work/err'"
+name=$(sed -n 's|^podcheckpoint.stasis.dev/||p' "$work/out")
+ok_if "checkpoint web-1: the PodCheckpoint is Manual, for web-1's UID, with no stasis.dev/ keys" bash -c \
+    "set -o pipefail; [ -n '$name' ] && kubectl -n prod get pckpt '$name' -o json | jq -e '.spec.reason == \"Manual\" and .spec.sourcePodUID == \"$UID1\" and (.metadata.labels // {} | keys | map(select(startswith(\"stasis.dev/\"))) == [])'"
+agent Failed Fenced "no lineage record names this pod as its holder" & apid=$!
+as dev checkpoint web-1 --timeout-seconds 30
+wait $apid
+ok_if "checkpoint web-1 that fails: exit 1 with the agent's reason" bash -c \
+    "[ $rc = 1 ] && grep -qF 'failed: Fenced: no lineage record names this pod as its holder' '$work/err'"
+as dev checkpoint web-1 --no-wait -o json
+ok_if "checkpoint --no-wait -o json: the created object, not followed" \
+    bash -c "[ $rc = 0 ] && [ -s '$work/out' ] && jq -e '.kind == \"PodCheckpoint\" and .spec.sourcePodName == \"web-1\" and .status == null' '$work/out'"
+as dev checkpoint plain
+ok_if "checkpoint of a pod that did not opt in: refused, naming why" bash -c \
+    "[ $rc = 1 ] && grep -qF 'pod prod/plain is not opted in (runtimeClassName unset, not stasis)' '$work/err'"
+as nobody checkpoint web-1
+ok_if "checkpoint as a user without rights: the API server's Forbidden" bash -c "[ $rc = 1 ] && grep -qF 'forbidden: pods \"web-1\" is forbidden' '$work/err'"
+
+# ------------------------------------------------------------------ restore
+before=$(kubectl -n prod get prestore -o name | wc -l)
+as dev restore web-1 --from web-0-final
+ok_if "restore as dev (edit rights, not stasis-restorer): refused with the reason and the role to ask for" bash -c \
+    "[ $rc = 1 ] && grep -qF 'you may not restore in namespace prod: creating podrestores.stasis.dev is not allowed' '$work/err' && grep -qF 'stasis-restorer' '$work/err'"
+ok_if "... and nothing was created" test "$(kubectl -n prod get prestore -o name | wc -l)" = "$before"
+as ops restore web-1 --from web-1-1796000030
+ok_if "restore from a checkpoint that failed: refused before anything" bash -c "[ $rc = 1 ] && grep -qF 'is Failed, not Succeeded' '$work/err'"
+as ops restore web-1 --from 'not a ref/x'
+ok_if "restore from a malformed reference: refused naming it" bash -c "[ $rc = 1 ] && grep -qF -- '--from not a ref/x' '$work/err'"
+as ops restore web-1 --from web-0-final --dry-run
+ok_if "restore --dry-run as ops: the API server accepts, nothing is created" bash -c \
+    "[ $rc = 0 ] && grep -q 'server dry run' '$work/out' && [ \"\$(kubectl -n prod get prestore -o name | wc -l)\" = '$before' ]"
+as ops restore web-1 --from web-0-final -o json
+ok_if "restore as ops (stasis-restorer): a PodRestore of web-0's checkpoint into web-1, its lineage and UID" bash -c \
+    "set -o pipefail; [ $rc = 0 ] && n=\$(jq -er .metadata.name '$work/out') && kubectl -n prod get prestore \"\$n\" -o json | jq -e '.spec.checkpointRef == \"prod_deployment_web.1/0000000001\" and .spec.lineage == \"prod_deployment_web.1\" and .spec.targetPodName == \"web-1\" and .spec.targetPodUID == \"$UID1\" and .spec.sourcePodName == \"web-0\"'"
+as ops why web-1
+ok_if "why web-1: shows that PodRestore" bash -c "grep -Eq '^  web-1-restore-[a-z0-9]+ +prod_deployment_web.1/0000000001' '$work/out'"
+
+if [ "$failures" -gt 0 ]; then
+    echo "apiserver-kubectl: $failures check(s) failed" >&2
+    exit 1
+fi
+echo "apiserver-kubectl: all checks passed"
