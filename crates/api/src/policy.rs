@@ -210,6 +210,62 @@ pub struct AutoIntervalStatus {
     pub bound: Option<String>,
 }
 
+impl AutoIntervalStatus {
+    /// What the status says of a pod's automatic interval.
+    pub fn of(pod: &str, c: &stasis_core::interval::Choice) -> Self {
+        let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Self {
+            pod: pod.to_owned(),
+            node_pool: c.pool.key(),
+            interval_millis: ms(c.auto.interval),
+            optimum_millis: ms(c.auto.optimum),
+            cost_millis: ms(c.auto.cost),
+            cost_measured: c.auto.measured,
+            mtbf_seconds: i64::try_from(c.auto.mtbf.as_secs()).unwrap_or(i64::MAX),
+            interruptions: i64::try_from(c.interruptions).unwrap_or(i64::MAX),
+            exposure_seconds: i64::try_from(c.exposure.as_secs()).unwrap_or(i64::MAX),
+            bound: c.auto.bound.map(|b| b.name().to_owned()),
+        }
+    }
+}
+
+/// The pool of a node, from its labels (`interval: auto`).
+pub fn node_pool(node: &k8s_openapi::api::core::v1::Node) -> stasis_core::interval::NodePool {
+    stasis_core::interval::NodePool::of_labels(
+        node.metadata
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    )
+}
+
+/// The measured freeze and upload of a pod's succeeded checkpoints, oldest first
+/// (`interval: auto`'s cost).
+pub fn measured_costs<'a>(
+    checkpoints: impl IntoIterator<Item = &'a crate::PodCheckpoint>,
+) -> Vec<stasis_core::interval::Measured> {
+    let mut v: Vec<(_, stasis_core::interval::Measured)> = checkpoints
+        .into_iter()
+        .filter_map(|c| {
+            let s = c.status.as_ref()?;
+            if s.phase != Some(crate::CheckpointPhase::Succeeded) {
+                return None;
+            }
+            let ms = |m: Option<i64>| m.and_then(|m| u64::try_from(m).ok());
+            Some((
+                s.start_time.as_ref().map(|t| t.0),
+                stasis_core::interval::Measured {
+                    freeze_ms: ms(s.freeze_millis)?,
+                    upload_ms: ms(s.upload_millis).unwrap_or(0),
+                },
+            ))
+        })
+        .collect();
+    v.sort_by_key(|(start, _)| *start);
+    v.into_iter().map(|(_, m)| m).collect()
+}
+
 impl CheckpointPolicySpec {
     /// The interval, checked by stasis-core's rule: a duration, or `auto`.
     pub fn interval(
@@ -227,5 +283,60 @@ impl CheckpointPolicySpec {
     pub fn freeze_fraction(&self) -> f64 {
         self.max_freeze_fraction
             .unwrap_or(stasis_core::policy::DEFAULT_MAX_FREEZE_FRACTION)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn costs_of_succeeded_checkpoints_oldest_first() {
+        let ck = |start: &str, phase: &str, freeze: i64, upload: i64| -> crate::PodCheckpoint {
+            serde_json::from_value(json!({
+                "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+                "metadata": {"name": "c", "namespace": "ml"},
+                "spec": {"sourcePodName": "p"},
+                "status": {"phase": phase, "startTime": start, "freezeMillis": freeze,
+                           "uploadMillis": upload}
+            }))
+            .unwrap()
+        };
+        let cks = [
+            ck("2026-12-01T10:00:00.5Z", "Succeeded", 30, 300),
+            ck("2026-12-01T10:00:00Z", "Succeeded", 10, 100),
+            ck("2026-12-01T10:01:00Z", "Failed", 99, 999),
+        ];
+        let m = measured_costs(&cks);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].freeze_ms, m[0].upload_ms), (10, 100));
+        assert_eq!((m[1].freeze_ms, m[1].upload_ms), (30, 300));
+    }
+
+    #[test]
+    fn auto_status_and_node_pool() {
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": {"karpenter.sh/nodepool": "gpu",
+                                                 "karpenter.sh/capacity-type": "spot"}}
+        }))
+        .unwrap();
+        let pool = node_pool(&node);
+        assert_eq!(pool.key(), "gpu/spot");
+        let mut log = stasis_core::interval::EvictionLog::new(0);
+        log.note_node("n", pool.clone());
+        log.note_pod("uid", "n");
+        let c = log.choose(&pool, &[], 0.5, 60_000);
+        let st = AutoIntervalStatus::of("p", &c);
+        assert_eq!(st.node_pool, "gpu/spot");
+        assert!(!st.cost_measured);
+        assert_eq!(st.cost_millis, 5_000);
+        assert_eq!(st.exposure_seconds, 60);
+        assert_eq!(st.mtbf_seconds, 6 * 3600 + 60);
+        let v = serde_json::to_value(&st).unwrap();
+        assert!(
+            v.get("intervalMillis").is_some() && v.get("bound").is_none(),
+            "{v}"
+        );
     }
 }

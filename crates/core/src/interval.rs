@@ -11,7 +11,7 @@
 //!   checkpoint must end before the next is due), at least `freeze / maxFreezeFraction` (the pod
 //!   spends at most that share of its time frozen), at most [`AUTO_MAX`].
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// Shortest automatic interval.
@@ -94,11 +94,27 @@ struct Interruption {
 
 /// The interruptions the controller saw (pods of a policy that ended on their node while their
 /// workload still wanted them: evicted, drained, preempted, deleted, their node lost), since it
-/// started watching. In memory: a new leader starts with the prior.
+/// started watching, and what it needs to attribute them: the pool of each node and the node of
+/// each running pod. In memory: a new leader starts with the prior.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EvictionLog {
     since_unix_ms: u64,
     events: VecDeque<Interruption>,
+    /// Node name → its pool.
+    nodes: BTreeMap<String, NodePool>,
+    /// Pod UID → the node it runs on (noted at each heartbeat plan).
+    pods: BTreeMap<String, String>,
+}
+
+/// The interval chosen for one pod, and the pool facts it was chosen from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub auto: AutoInterval,
+    pub pool: NodePool,
+    /// Interruptions in the pool within [`WINDOW`].
+    pub interruptions: u64,
+    /// Pod-time observed in the pool.
+    pub exposure: Duration,
 }
 
 impl EvictionLog {
@@ -107,6 +123,74 @@ impl EvictionLog {
         Self {
             since_unix_ms: now_unix_ms,
             events: VecDeque::new(),
+            nodes: BTreeMap::new(),
+            pods: BTreeMap::new(),
+        }
+    }
+
+    /// The pool of `node`, once noted.
+    pub fn pool_of(&self, node: &str) -> Option<&NodePool> {
+        self.nodes.get(node)
+    }
+
+    /// Notes the pool of a node (from its labels).
+    pub fn note_node(&mut self, node: &str, pool: NodePool) {
+        if self.nodes.len() < LOG_CAP || self.nodes.contains_key(node) {
+            self.nodes.insert(node.to_owned(), pool);
+        }
+    }
+
+    /// Notes that pod `pod_uid` runs on `node`.
+    pub fn note_pod(&mut self, pod_uid: &str, node: &str) {
+        if pod_uid.is_empty() || node.is_empty() {
+            return;
+        }
+        if self.pods.len() >= 8 * LOG_CAP && !self.pods.contains_key(pod_uid) {
+            // A bound on what a controller remembers; the oldest UIDs sort first no better
+            // than any other, so drop everything but the pods seen from now on.
+            self.pods.clear();
+        }
+        self.pods.insert(pod_uid.to_owned(), node.to_owned());
+    }
+
+    /// The pod `pod_uid` ended by interruption at `unix_ms`: recorded in its node's pool when
+    /// both are known. Returns whether it was recorded.
+    pub fn record_end(&mut self, pod_uid: &str, unix_ms: u64) -> bool {
+        let Some(node) = self.pods.remove(pod_uid) else {
+            return false;
+        };
+        let Some(pool) = self.nodes.get(&node).cloned() else {
+            return false;
+        };
+        self.record(pool, pod_uid, unix_ms)
+    }
+
+    /// Running pods (noted, not ended) on nodes of `pool`.
+    pub fn pods_in(&self, pool: &NodePool) -> u64 {
+        self.pods
+            .values()
+            .filter(|n| self.nodes.get(*n) == Some(pool))
+            .count() as u64
+    }
+
+    /// The interval of a pod on a node of `pool`, from its checkpoints' measured costs (oldest
+    /// first) and its last freeze.
+    pub fn choose(
+        &self,
+        pool: &NodePool,
+        measured: &[Measured],
+        max_freeze_fraction: f64,
+        now_unix_ms: u64,
+    ) -> Choice {
+        let interruptions = self.count(pool, now_unix_ms);
+        let exposure = self.observed(now_unix_ms) * self.pods_in(pool).max(1) as u32;
+        let m = mtbf(interruptions, exposure, prior_mtbf(pool));
+        let freeze = measured.last().map(|x| Duration::from_millis(x.freeze_ms));
+        Choice {
+            auto: auto_interval(checkpoint_cost(measured), freeze, m, max_freeze_fraction),
+            pool: pool.clone(),
+            interruptions,
+            exposure,
         }
     }
 
@@ -315,6 +399,56 @@ mod tests {
             log.record(a.clone(), &format!("p{i}"), i as u64);
         }
         assert_eq!(log.count(&a, 100_000), LOG_CAP as u64);
+    }
+
+    #[test]
+    fn ends_are_attributed_through_the_pods_node_and_the_nodes_pool() {
+        let spot = NodePool::of_labels([("karpenter.sh/capacity-type", "spot")]);
+        let mut log = EvictionLog::new(0);
+        log.note_node("n1", spot.clone());
+        log.note_pod("p1", "n1");
+        log.note_pod("p2", "n1");
+        log.note_pod("p3", "n-unknown");
+        assert_eq!(log.pool_of("n1"), Some(&spot));
+        assert_eq!(log.pods_in(&spot), 2);
+        assert!(log.record_end("p1", 1_000));
+        assert!(!log.record_end("p1", 2_000), "once");
+        assert!(!log.record_end("p3", 2_000), "a node whose pool is unknown");
+        assert!(!log.record_end("never-seen", 2_000));
+        assert_eq!(log.count(&spot, 3_000), 1);
+        assert_eq!(log.pods_in(&spot), 1);
+    }
+
+    #[test]
+    fn the_choice_shortens_as_the_pool_loses_pods() {
+        let pool = NodePool::of_labels([]);
+        let m = |f, u| Measured {
+            freeze_ms: f,
+            upload_ms: u,
+        };
+        let costs = [m(200, 400), m(200, 400)];
+        let mut log = EvictionLog::new(0);
+        log.note_node("n1", pool.clone());
+        log.note_pod("steady", "n1");
+        let now = 600_000; // ten minutes watched, one pod: 600 pod-seconds
+        let before = log.choose(&pool, &costs, 0.5, now);
+        assert_eq!(before.interruptions, 0);
+        assert_eq!(before.exposure, Duration::from_secs(600));
+        assert_eq!(before.auto.mtbf, Duration::from_secs(87_000));
+        for i in 0..6 {
+            let uid = format!("gone-{i}");
+            log.note_pod(&uid, "n1");
+            assert!(log.record_end(&uid, now - 1_000));
+        }
+        let after = log.choose(&pool, &costs, 0.5, now);
+        assert_eq!(after.interruptions, 6);
+        // The same numbers as more_interruptions_mean_a_shorter_interval: ≈ 323 s → ≈ 122 s.
+        assert!(
+            (secs(before.auto.interval) - 322.5).abs() < 2.0,
+            "{before:?}"
+        );
+        assert!((secs(after.auto.interval) - 121.9).abs() < 2.0, "{after:?}");
+        assert!(after.auto.measured);
     }
 
     #[test]
