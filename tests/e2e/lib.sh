@@ -1,22 +1,100 @@
 # Helpers of the end-to-end tests and the Kubernetes benchmark on the local cluster (sourced by
-# tests/e2e/restore.sh and bench/k8s.sh; kubectl and jq on PATH, the cluster's KUBECONFIG set).
+# tests/e2e/*.sh and bench/k8s.sh; kubectl and jq on PATH, the cluster's KUBECONFIG set).
 # The workload is stasis-counter (image docker.io/stasis/counter:dev): one "count=<n> state=ok"
 # line per tick on stdout.
+#
+# A test script sets REPO, CLUSTER and WORK (a scratch directory), sources this file and calls
+# `e2e_begin NAME`: its checks (check, pass, fail, skip) are counted, and on exit, on an error
+# that ends it early, or on Ctrl-C/TERM, `finish` cleans up (the commands given to on_exit, the
+# namespaces given to e2e_ns, the background jobs, $WORK; stasis and the cluster unless
+# STASIS_E2E_KEEP_CLUSTER=1) and prints "N passed, M failed" (exit status non-zero when a check
+# failed or the test was interrupted).
 # shellcheck shell=bash
 COUNTER_IMAGE=${COUNTER_IMAGE:-docker.io/stasis/counter:dev}
 WORK=${WORK:?WORK: a scratch directory for followed logs}
 
+# ------------------------------------------------------------------ checks, cleanup, summary
+PASSED=${PASSED:-0} FAILED=${FAILED:-0} SKIPPED=${SKIPPED:-0}
+[ -n "${FAILED_NAMES+x}" ] || FAILED_NAMES=()
+T_START=${T_START:-$(date +%s)}
+E2E_NAME=${E2E_NAME:-test}
+E2E_NAMESPACES=() E2E_CLEANUP=()
+
+pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
+fail() { FAILED=$((FAILED + 1)); FAILED_NAMES+=("$1"); echo "not ok - $1${2:+: $2}"; }
+skip() { SKIPPED=$((SKIPPED + 1)); echo "skip - $1: $2"; }
+# check NAME COMMAND...: pass when the command succeeds (its output is not shown), else fail
+check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then pass "$name"; else fail "$name"; return 1; fi; }
 secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
-retry() { # timeout-seconds command...
+retry() { # timeout-seconds command...: until the command succeeds (quietly), once a second
   local end=$(( $(date +%s) + $1 )); shift
   until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done
 }
+# wait_for TIMEOUT WHAT COMMAND...: polls the command (every 0.5 s) until it succeeds; after
+# TIMEOUT seconds prints "# timed out after N s waiting for WHAT" and fails
+wait_for() {
+  local timeout=$1 what=$2 end; shift 2
+  end=$(( $(date +%s) + timeout ))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$end" ]; then echo "# timed out after $timeout s waiting for $what"; return 1; fi
+    sleep 0.5
+  done
+}
+# on_exit COMMAND: a shell command finish runs (in the order given), e.g. to uncordon a node
+on_exit() { E2E_CLEANUP+=("$1"); }
+# e2e_ns NS...: namespaces of this test, deleted by finish (without waiting)
+e2e_ns() { E2E_NAMESPACES+=("$@"); }
+# kill_node NODE: scripts/cluster kill-node NODE; finish starts it again if the test did not
+kill_node() {
+  on_exit "[ ! -e '${STASIS_CLUSTER_STATE:-/var/lib/stasis-cluster}/killed-$1' ] || '$CLUSTER' start-node $1"
+  "$CLUSTER" kill-node "$1"
+}
+# drain NODE ARGS...: kubectl drain; finish uncordons the node
+drain() { on_exit "kubectl uncordon $1"; kubectl drain "$@"; }
+# want SCENARIO: it is one of $STASIS_E2E_ONLY, or that is empty (all scenarios run)
+want() { [ -z "${STASIS_E2E_ONLY:-}" ] || grep -qw "$1" <<<"$STASIS_E2E_ONLY"; }
+# e2e_begin NAME: name the test (for its summary) and have finish run on exit and interrupt
+e2e_begin() {
+  E2E_NAME=$1
+  trap 'e2e_early $?' EXIT
+  trap 'echo "# interrupted"; FAILED=$((FAILED + 1)); FAILED_NAMES+=("interrupted"); finish' INT TERM
+}
+# (an exit before finish, e.g. an unset variable under set -u, is a failure when its status is)
+e2e_early() {
+  if [ "$1" -ne 0 ]; then
+    echo "# ended early (exit status $1)"; FAILED=$((FAILED + 1)); FAILED_NAMES+=("ended early (exit status $1)")
+  fi
+  finish
+}
+finish() {
+  local c
+  trap - EXIT INT TERM
+  for c in "${E2E_CLEANUP[@]}"; do eval "$c" >/dev/null 2>&1 || echo "# warning: cleanup failed: $c"; done
+  jobs -p | xargs -r kill 2>/dev/null
+  if [ ${#E2E_NAMESPACES[@]} -gt 0 ] && command -v kubectl >/dev/null; then
+    kubectl delete namespace "${E2E_NAMESPACES[@]}" --ignore-not-found --wait=false >/dev/null 2>&1
+  fi
+  if [ -z "${STASIS_E2E_KEEP_CLUSTER:-}" ]; then
+    "$CLUSTER" uninstall-stasis >/dev/null 2>&1 || true
+    "$CLUSTER" down >/dev/null 2>&1 || echo "# warning: scripts/cluster down failed"
+  fi
+  rm -rf "$WORK"
+  echo "e2e $E2E_NAME: $(( $(date +%s) - T_START )) s"
+  [ "$SKIPPED" -eq 0 ] || echo "$SKIPPED skipped (reasons above)"
+  [ "$FAILED" -eq 0 ] || printf '# failed: %s\n' "${FAILED_NAMES[@]}"
+  echo "$PASSED passed, $FAILED failed"
+  [ "$FAILED" -eq 0 ]
+  exit $?
+}
 
 # ------------------------------------------------------------------ helpers
+# new_ns NS: a fresh namespace (deleted by finish), once its "default" ServiceAccount exists
+# (pods are refused until the controller-manager made it)
 new_ns() {
   kubectl delete namespace "$1" --ignore-not-found --wait=true >/dev/null 2>&1
   kubectl create namespace "$1" >/dev/null
-  for _ in $(seq 150); do kubectl -n "$1" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+  e2e_ns "$1"
+  wait_for 30 "the default ServiceAccount of namespace $1" kubectl -n "$1" get serviceaccount default
 }
 # policy NS NAME SELECTOR-APP INTERVAL
 policy() {
@@ -104,6 +182,11 @@ other_node() { [ "$1" = worker-1 ] && echo worker-2 || echo worker-1; }
 counting() { kubectl -n "$1" logs "$2" -c counter 2>/dev/null | grep -q '^count='; }
 # follow a pod's log (with timestamps) into $WORK/<pod>.log until the container ends
 follow() { kubectl -n "$1" logs -f --timestamps "$2" -c counter >"$WORK/$2.log" 2>/dev/null & }
+# followed POD: its followed log has a count (the follower runs)
+followed() { grep -q ' count=' "$WORK/$1.log" 2>/dev/null; }
+# logged_after POD TIME: its followed log reached an RFC 3339 time (second precision), so
+# count_before POD TIME is final
+logged_after() { awk -v t="${2%Z}" 'substr($1, 1, 19) >= t { f = 1; exit } END { exit !f }' "$WORK/$1.log" 2>/dev/null; }
 # succeeded checkpoints of a pod: "<startTime> <node> <checkpointRef>" lines, oldest first
 ckpts() {
   kubectl -n "$1" get pckpt --field-selector "spec.sourcePodName=$2" -o json |

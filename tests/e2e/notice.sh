@@ -17,36 +17,16 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER=$REPO/scripts/cluster
-PASSED=0 FAILED=0
-T_START=$(date +%s)
 WORK=$(mktemp -d /tmp/stasis-e2e-notice.XXXXXX)
-STANDIN_PID=""
-
-pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
-fail() { FAILED=$((FAILED + 1)); echo "not ok - $1${2:+: $2}"; }
-check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then pass "$name"; else fail "$name"; return 1; fi; }
-finish() {
-  jobs -p | xargs -r kill 2>/dev/null
-  [ -z "$STANDIN_PID" ] || kill "$STANDIN_PID" 2>/dev/null
-  if [ -z "${STASIS_E2E_KEEP_CLUSTER:-}" ]; then
-    "$CLUSTER" uninstall-stasis >/dev/null 2>&1 || true
-    "$CLUSTER" down >/dev/null 2>&1 || echo "# warning: scripts/cluster down failed"
-  fi
-  rm -rf "$WORK"
-  echo "e2e notice: $(( $(date +%s) - T_START )) s"
-  echo "$PASSED passed, $FAILED failed"
-  [ "$FAILED" -eq 0 ]
-  exit $?
-}
-trap 'finish' INT TERM
 # shellcheck source=tests/e2e/lib.sh
 . "$REPO/tests/e2e/lib.sh"
+e2e_begin notice
 
 # ------------------------------------------------------------------ the stand-in, up, install
 if ! "$CLUSTER" up >/dev/null; then fail "scripts/cluster up"; finish; fi
 eval "$("$CLUSTER" env)"
 python3 "$REPO/tests/cloud/metadata-standin.py" --host "$STASIS_CLUSTER_HOST_IP" >"$WORK/standin.out" 2>"$WORK/standin.err" &
-STANDIN_PID=$!
+on_exit "kill $! 2>/dev/null"
 retry 10 grep -q '^listening' "$WORK/standin.out" || { fail "the metadata stand-in starts" "$(cat "$WORK/standin.err")"; finish; }
 MD="http://$STASIS_CLUSTER_HOST_IP:$(awk '/^listening/ {print $2}' "$WORK/standin.out")"
 echo "# STAND-IN cloud metadata service (AWS IMDSv2) at $MD/<node> (no cloud is reachable here)"
@@ -63,7 +43,7 @@ counter "$NS" spot 1 64
 P1=$(wait_one_counting "$NS" spot 120) || { fail "the counter counts"; diagnose "$NS"; finish; }
 N1=$(node_of "$NS" "$P1")
 follow "$NS" "$P1"
-sleep 3
+wait_for 10 "the log of $P1 followed" followed "$P1"
 echo "# $P1 counts on $N1; the stand-in announces its spot interruption in 120 s"
 curl -fsS "$MD/$N1/_standin/arm?kind=aws-spot&seconds=120" >/dev/null
 T_NOTICE=$(date +%s.%N)
@@ -81,7 +61,8 @@ check "$N1 is labelled stasis.dev/notice=Reclaim and is no longer stasis.dev/rea
 check "a CloudNotice Event on $P1 says why: $(event "$NS" "$P1" CloudNotice | head -1 | cut -c1-120)" bash -c "[ -n \"\$(kubectl -n $NS get events --field-selector involvedObject.name=$P1,reason=CloudNotice -o name)\" ]"
 
 echo "# the cloud reclaims $N1"
-check "kill-node $N1" "$CLUSTER" kill-node "$N1"
+on_exit "kubectl label node $N1 stasis.dev/notice-"
+check "kill-node $N1" kill_node "$N1"
 C_DEAD=$(last_count "$P1")
 P2=$(wait_replacement "$NS" spot "$P1" 180) || { fail "a replacement counts after the reclaim"; diagnose "$NS"; }
 if [ -n "$P2" ]; then

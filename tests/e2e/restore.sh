@@ -24,29 +24,11 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER=$REPO/scripts/cluster
-PASSED=0 FAILED=0
-T_START=$(date +%s)
 WORK=$(mktemp -d /tmp/stasis-e2e-restore.XXXXXX)
-
-pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
-fail() { FAILED=$((FAILED + 1)); echo "not ok - $1${2:+: $2}"; }
-check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then pass "$name"; else fail "$name"; return 1; fi; }
-# STASIS_E2E_ONLY="d f": run only these scenarios (a and b go together)
-want() { [ -z "${STASIS_E2E_ONLY:-}" ] || grep -qw "$1" <<<"$STASIS_E2E_ONLY"; }
-finish() {
-  jobs -p | xargs -r kill 2>/dev/null
-  if [ -z "${STASIS_E2E_KEEP_CLUSTER:-}" ]; then
-    "$CLUSTER" uninstall-stasis >/dev/null 2>&1 || true
-    "$CLUSTER" down >/dev/null 2>&1 || echo "# warning: scripts/cluster down failed"
-  fi
-  rm -rf "$WORK"
-  echo "e2e restore: $(( $(date +%s) - T_START )) s"
-  echo "$PASSED passed, $FAILED failed"
-  [ "$FAILED" -eq 0 ]
-  exit $?
-}
 # shellcheck source=tests/e2e/lib.sh
 . "$REPO/tests/e2e/lib.sh"
+e2e_begin restore
+# (STASIS_E2E_ONLY="d f": run only these scenarios, see want; a and b go together)
 
 # ------------------------------------------------------------------ up, install
 up_and_install
@@ -85,7 +67,7 @@ kubectl -n "$NS" get pckpt -o custom-columns=NAME:.metadata.name,PHASE:.status.p
 LAST=$(ckpts "$NS" "$P1" | tail -1)
 C_CKPT=$(count_before "$P1" "${LAST%% *}")
 t=$(date +%s.%N)
-out=$(kubectl drain "$N1" --ignore-daemonsets --delete-emptydir-data --pod-selector app=counter --timeout=120s 2>&1); rc=$?
+out=$(drain "$N1" --ignore-daemonsets --delete-emptydir-data --pod-selector app=counter --timeout=120s 2>&1); rc=$?
 check "a: kubectl drain $N1" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
 echo "# drain: $(secs "$t") s"
 P2=$(wait_replacement "$NS" counter "$P1" 120) || { fail "a: a replacement pod counts"; diagnose "$NS"; }
@@ -114,12 +96,12 @@ if [ -n "${P2:-}" ]; then
   NB=$(node_of "$NS" "$P2")
   follow "$NS" "$P2"
   check "b: a heartbeat of $P2 Succeeded" retry 60 n_ckpts $NS $P2 1
-  sleep 1
   LAST=$(ckpts "$NS" "$P2" | tail -1)
+  wait_for 10 "the followed log of $P2 to pass its heartbeat" logged_after "$P2" "${LAST%% *}"
   C_CKPT=$(count_before "$P2" "${LAST%% *}")
   T_KILL=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   t=$(date +%s.%N)
-  check "b: kill-node $NB" "$CLUSTER" kill-node "$NB"
+  check "b: kill-node $NB" kill_node "$NB"
   C_DEAD=$(last_count "$P2")
   P3=$(wait_replacement "$NS" counter "$P2" 180) || { fail "b: a replacement pod counts after the node loss"; diagnose "$NS"; }
   if [ -n "$P3" ]; then
@@ -153,8 +135,8 @@ if first_pod P1 c "$NS" oom; then
   NO=$(node_of "$NS" "$P1")
   check "c: a heartbeat of $P1 Succeeded" retry 60 n_ckpts "$NS" "$P1" 1
   follow "$NS" "$P1"
-  sleep 1
   LAST=$(ckpts "$NS" "$P1" | tail -1)
+  wait_for 10 "the followed log of $P1 to pass its heartbeat" logged_after "$P1" "${LAST%% *}"
   C_CKPT=$(count_before "$P1" "${LAST%% *}")
   CID=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].containerID}'); CID=${CID#containerd://}
   PID=$(jq -r .init_process_pid "$("$CLUSTER" node-root "$NO")/run/containerd/runc/k8s.io/$CID/state.json" 2>/dev/null)
@@ -193,6 +175,7 @@ NS=e2e-symlink
 CANARY_IMAGE=$("$REPO/tests/images/counter-canary/build")
 "$CLUSTER" load-image "$REPO/target/images/counter-canary.oci.tar" >/dev/null
 mkdir -p /etc/stasis-canary && echo node >/etc/stasis-canary/keep
+on_exit "rm -rf /etc/stasis-canary"
 COUNTER_IMAGE=$CANARY_IMAGE scenario "$NS" canary 10s 1 64
 # the pid of the pod's running counter, from runc's state on its node
 s_pid() {
@@ -235,7 +218,7 @@ NS=e2e-grace
 scenario "$NS" grace 30s 1 64
 if first_pod P1 d "$NS" grace; then
   follow "$NS" "$P1"
-  sleep 3
+  wait_for 10 "the log of $P1 followed" followed "$P1"
   t=$(date +%s.%N)
   kubectl -n "$NS" delete pod "$P1" --grace-period=30 --wait=false >/dev/null
   P2=$(wait_replacement "$NS" grace "$P1" 90) || { fail "d: a replacement pod counts"; diagnose "$NS"; }
@@ -459,7 +442,7 @@ if first_pod P1 t "$NS" server; then
   LAST=$(ckpts "$NS" "$P1" | tail -1)
   C_CKPT=$(count_before "$P1" "${LAST%% *}")
   t=$(date +%s.%N)
-  out=$(kubectl drain "$N1" --ignore-daemonsets --delete-emptydir-data --pod-selector app=server --timeout=120s 2>&1); rc=$?
+  out=$(drain "$N1" --ignore-daemonsets --delete-emptydir-data --pod-selector app=server --timeout=120s 2>&1); rc=$?
   check "t: kubectl drain $N1" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
   P2=$(wait_replacement "$NS" server "$P1" 120) || { fail "t: a replacement pod counts"; diagnose "$NS"; }
   if [ -n "$P2" ]; then
