@@ -8,6 +8,8 @@
 //!   `stasis_agent_fetched_bytes_total`
 //! - `stasis_agent_errors_total{kind}` (kinds: `AgentError::kind`)
 //! - `stasis_agent_cloud_notices_total{kind}` (the cloud announced the node's end)
+//! - `stasis_agent_memory_triggers_total{kind}` (memory checkpoints started: `ContainerLimit`,
+//!   `NodePressure`)
 //! - `stasis_agent_up` 1, `stasis_agent_ready` (the node-ready checks)
 
 use std::collections::BTreeMap;
@@ -62,6 +64,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "counter",
         "Notices of the node's end from its cloud, by kind (Reclaim, Maintenance, RebalanceRecommendation).",
     ),
+    (
+        "stasis_agent_memory_triggers_total",
+        "counter",
+        "Memory checkpoints started, by cause (ContainerLimit: a container passed the policy's share of its limit; NodePressure: the node reports MemoryPressure).",
+    ),
 ];
 
 impl Metrics {
@@ -81,6 +88,9 @@ impl Metrics {
     }
     pub fn notice(&self, kind: &str) {
         self.inc("stasis_agent_cloud_notices_total", kind, 1);
+    }
+    pub fn memory_trigger(&self, kind: &str) {
+        self.inc("stasis_agent_memory_triggers_total", kind, 1);
     }
     pub fn checkpoint_bytes(&self, logical: u64, uploaded: u64) {
         self.inc("stasis_agent_checkpoint_bytes_total", "logical", logical);
@@ -181,6 +191,7 @@ mod tests {
         m.checkpoint("succeeded");
         m.checkpoint("fenced");
         m.error("store");
+        m.memory_trigger("ContainerLimit");
         m.checkpoint_bytes(100, 10);
         m.fetched_bytes(7);
         m.phase_ms("freeze", 200);
@@ -193,6 +204,7 @@ mod tests {
             "stasis_agent_checkpoints_total{result=\"succeeded\"} 2",
             "stasis_agent_checkpoints_total{result=\"fenced\"} 1",
             "stasis_agent_errors_total{kind=\"store\"} 1",
+            "stasis_agent_memory_triggers_total{kind=\"ContainerLimit\"} 1",
             "stasis_agent_checkpoint_bytes_total{kind=\"uploaded\"} 10",
             "stasis_agent_fetched_bytes_total 7",
             "stasis_agent_phase_seconds_bucket{phase=\"freeze\",le=\"0.25\"} 1",
