@@ -5,7 +5,7 @@
 //! - [`resolve`]: a pod's containers from runc state and CRI annotations;
 //! - [`server`] and [`node`]: the node-api socket (`restore_plan`, `final_checkpoint`,
 //!   `report`) and the per-pod serialisation of checkpoints;
-//! - [`kube`]: the Kubernetes side (PodCheckpoint / PodRestore watchers, status, Events,
+//! - [`k8s`]: the Kubernetes side (PodCheckpoint / PodRestore watchers, status, Events,
 //!   node labels, data keys);
 //! - pure helpers with unit tests: [`keys`] (data key wrap/unwrap), [`fence`], [`status`],
 //!   [`checks`], [`selector`], [`metrics`].
@@ -20,7 +20,7 @@ pub mod fence;
 pub mod http;
 /// The keyring and data key Secrets, shared with the controller's key broker.
 pub use stasis_api::keys;
-pub mod kube;
+pub mod k8s;
 pub mod mem;
 pub mod metrics;
 pub mod node;

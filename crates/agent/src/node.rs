@@ -1,6 +1,6 @@
 //! The agent's node side: the [`NodeHandler`] behind the socket, per-pod serialisation of
 //! checkpoints, and the [`Cluster`] seam through which it learns about pods and reports to the
-//! API server (the Kubernetes implementation is `kube::KubeCluster`; [`Standalone`] needs no
+//! API server (the Kubernetes implementation is `k8s::KubeCluster`; [`Standalone`] needs no
 //! cluster).
 
 use std::collections::{BTreeMap, HashSet};

@@ -86,19 +86,19 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
         (None, _, Some(_)) if cfg.key_broker.is_some() => {
             let b = cfg.key_broker.as_ref().expect("checked");
             let _guard = rt.enter();
-            let broker = crate::kube::BrokerClient::new(&b.url, &b.ca, &b.token)?;
+            let broker = crate::k8s::BrokerClient::new(&b.url, &b.ca, &b.token)?;
             tracing::info!(url = %b.url, "data keys from the key broker; no cluster key on this node");
-            Arc::new(crate::kube::SecretKeys::new(
+            Arc::new(crate::k8s::SecretKeys::new(
                 rt.handle().clone(),
-                crate::kube::KeyOrigin::Broker(broker),
+                crate::k8s::KeyOrigin::Broker(broker),
             ))
         }
         (None, Some(ck), Some(client)) => {
             let ring = ClusterKey::load(ck).map_err(AgentError::io(ck))??;
             tracing::info!(cluster_key = %ring.id(), retired = ?ring.retired_ids(), "cluster key loaded");
-            Arc::new(crate::kube::SecretKeys::new(
+            Arc::new(crate::k8s::SecretKeys::new(
                 rt.handle().clone(),
-                crate::kube::KeyOrigin::ClusterKey {
+                crate::k8s::KeyOrigin::ClusterKey {
                     client: client.clone(),
                     namespace: cfg.namespace.clone(),
                     ring: Arc::new(ring),
@@ -140,7 +140,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
 
     let busy = Arc::new(Busy::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let settings = crate::kube::KubeSettings {
+    let settings = crate::k8s::KubeSettings {
         node: cfg.node_name.clone(),
         namespace: cfg.namespace.clone(),
         runtime_class: cfg.runtime_class.clone(),
@@ -159,13 +159,13 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
             None,
         ),
         Some(client) => {
-            let running = rt.block_on(crate::kube::start(
+            let running = rt.block_on(crate::k8s::start(
                 client.clone(),
                 settings.clone(),
                 exec.clone(),
                 busy.clone(),
             ))?;
-            let t = crate::kube::label_loop(&running, settings.clone(), stop.clone());
+            let t = crate::k8s::label_loop(&running, settings.clone(), stop.clone());
             rt.spawn(crate::notice::run(
                 running.cluster.clone(),
                 cfg.cloud.clone(),
@@ -214,7 +214,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
         match rt.block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(5),
-                crate::kube::patch_node_labels(client, &cfg.node_name, &labels),
+                crate::k8s::patch_node_labels(client, &cfg.node_name, &labels),
             )
             .await
         }) {

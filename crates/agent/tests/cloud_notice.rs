@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use stasis_agent::notice::MetadataClient;
 use stasis_core::notice::{NoticeKind, Provider};
 
+mod common;
+use common::current_thread_runtime as rt;
+
 struct StandIn {
     child: Child,
     port: u16,
@@ -66,13 +69,6 @@ impl Drop for StandIn {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]

@@ -4,19 +4,13 @@
 //! root, CRIU or the counter image are missing (fails under `CI` unless only the Kubernetes
 //! binaries are missing, which `scripts/cluster up` builds).
 
-use std::path::PathBuf;
 use std::process::Command;
+
+mod common;
 
 #[test]
 fn stasisd_against_a_real_apiserver() {
-    let wrapper = std::env::var_os("STASIS_RUNC_UNDER_TEST")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let exe = std::env::current_exe().ok()?;
-            Some(exe.parent()?.parent()?.join("stasis-runc"))
-        })
-        .filter(|p| p.exists());
-    let Some(wrapper) = wrapper else {
+    let Some(wrapper) = common::wrapper_binary().filter(|p| p.exists()) else {
         let why = "stasis-runc is not built (cargo build -p stasis-runtime)";
         assert!(std::env::var_os("CI").is_none(), "cannot run in CI: {why}");
         eprintln!("SKIPPED stasisd_against_a_real_apiserver: {why}");

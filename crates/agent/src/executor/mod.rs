@@ -1,0 +1,285 @@
+//! The synchronous executor: checkpoints (engine + store upload) and restore preparation
+//! (store fetch + verification + plan file). It runs on plain threads; the store's async calls
+//! go through a tokio [`Handle`] (`block_on` from a non-runtime thread). Nothing here is async,
+//! and the engine (which forks runc and CRIU) never runs on a runtime thread.
+//!
+//! - [`checkpoint`]: a checkpoint (capture, manifest, upload, fence);
+//! - [`prepare`]: a restore's preparation (checks, fetch, verify, plan file);
+//! - [`kept`]: the latest checkpoint kept on the node for a restart in place;
+//! - [`plans`]: the plan files the wrapper reads, and the sweep of stale ones.
+
+mod checkpoint;
+mod kept;
+mod plans;
+mod prepare;
+
+pub use prepare::{check_compatible, verify_digest};
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use stasis_core::CheckpointRef;
+use stasis_store::{Key, Store};
+use tokio::runtime::Handle;
+
+use crate::error::{AgentError, Result};
+use crate::fence::{Stamp, Verdict};
+use crate::metrics::Metrics;
+use crate::resolve;
+
+/// Manifest labels the agent writes (and reads back when preparing a restore).
+pub mod label {
+    pub const LINEAGE: &str = "stasis.dev/lineage";
+    pub const GENERATION: &str = "stasis.dev/generation";
+    pub const NAMESPACE: &str = "stasis.dev/namespace";
+    pub const POD_NAME: &str = "stasis.dev/pod-name";
+    pub const POD_UID: &str = "stasis.dev/pod-uid";
+    pub const CONTAINER_NAME: &str = "stasis.dev/container-name";
+    pub const SPEC_HASH: &str = "stasis.dev/spec-hash";
+    pub const NODE: &str = "stasis.dev/node";
+    pub const TCP_ESTABLISHED: &str = "stasis.dev/tcp-established";
+    pub const REASON: &str = "stasis.dev/reason";
+}
+
+/// Where things live on the node.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// The runc root containerd's runc shim uses (`/run/containerd/runc/k8s.io`).
+    pub runc_root: PathBuf,
+    /// Scratch space for CRIU images before upload (`/var/lib/stasis/work`).
+    pub work_dir: PathBuf,
+    /// Fetched, verified images (`/var/lib/stasis/images/<pod-uid>/<container>`).
+    pub images_dir: PathBuf,
+    /// Plan files the wrapper reads (`/run/stasis/plans`).
+    pub plans_dir: PathBuf,
+    pub node_name: String,
+    /// How long a plan file stays valid.
+    pub plan_ttl: Duration,
+    /// Dump established TCP connections (`--tcp-established`).
+    pub tcp_established: bool,
+    /// Keep each container's latest checkpoint images (`<images>/<pod-uid>/.latest-<container>`)
+    /// after the upload, for a restart in place (an OOM kill) without a fetch.
+    pub keep_latest: bool,
+}
+
+/// Which container to checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    ContainerId(String),
+    /// The pod's one app container (or the named one).
+    Pod {
+        uid: String,
+        container_name: Option<String>,
+    },
+}
+
+/// One checkpoint to take.
+#[derive(Debug, Clone)]
+pub struct CheckpointJob {
+    pub target: Target,
+    pub namespace: String,
+    pub pod_name: String,
+    pub stamp: Stamp,
+    pub spec_hash: Option<String>,
+    pub declared: BTreeMap<String, String>,
+    /// `Heartbeat`, `Termination`, ... (a manifest label).
+    pub reason: String,
+    pub leave_running: bool,
+    /// Bound on the whole checkpoint; the upload is cut off at it (nothing is published then).
+    pub deadline: Option<Instant>,
+    /// Told the reference the checkpoint will publish as soon as the container is captured and
+    /// running again, before the upload (a termination checkpoint lets the stop go on).
+    pub on_captured: Option<std::sync::mpsc::Sender<String>>,
+}
+
+/// What a checkpoint produced.
+#[derive(Debug, Clone)]
+pub struct CheckpointOutcome {
+    pub reference: String,
+    pub container_id: String,
+    pub container_name: String,
+    pub pod_uid: String,
+    pub logical_bytes: u64,
+    pub uploaded_bytes: u64,
+    pub freeze_ms: u64,
+    pub dump_ms: u64,
+    pub upload_ms: u64,
+    pub total_ms: u64,
+    /// [`crate::fence::manifest_digest`] of the published manifest (the controller records it).
+    pub manifest_digest: String,
+    pub verdict: Verdict,
+}
+
+/// One restore to prepare.
+#[derive(Debug, Clone)]
+pub struct PrepareJob {
+    pub reference: CheckpointRef,
+    pub namespace: String,
+    pub pod_uid: String,
+    /// The container to restore into; the manifest's label when `None`.
+    pub container_name: Option<String>,
+    /// The target pod's normalised spec hash; must equal the checkpoint's.
+    pub spec_hash: Option<String>,
+    pub image_digest: Option<String>,
+    pub declared: BTreeMap<String, String>,
+    /// The manifest digest the controller recorded when it published the checkpoint: the
+    /// manifest read from the store must have it, before anything is fetched and again for the
+    /// one the files were fetched with. `None`: not checked (the standalone agent, which has no
+    /// records; a checkpoint published before digests were recorded).
+    pub manifest_digest: Option<String>,
+}
+
+/// A prepared restore.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub checkpoint_ref: String,
+    pub container_name: String,
+    pub image_dir: PathBuf,
+    pub plan_path: PathBuf,
+    pub fetch_ms: u64,
+    pub bytes: u64,
+}
+
+/// Gives the data key of a namespace.
+pub trait KeySource: Send + Sync {
+    fn key(&self, namespace: &str) -> Result<Key>;
+}
+
+/// One key for every namespace (tests, single-tenant setups).
+pub struct StaticKey(pub Key);
+
+impl KeySource for StaticKey {
+    fn key(&self, _namespace: &str) -> Result<Key> {
+        Ok(self.0.clone())
+    }
+}
+
+pub struct Executor {
+    pub cfg: ExecutorConfig,
+    store: Arc<Store>,
+    keys: Arc<dyn KeySource>,
+    rt: Handle,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The wall clock, Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn ms(t: Instant) -> u64 {
+    t.elapsed().as_millis() as u64
+}
+
+/// Creates a root-only (0700) directory and its parents.
+pub fn private_dir(p: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(p)
+        .map_err(AgentError::io(p))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700)).map_err(AgentError::io(p))
+}
+
+/// A scratch directory removed on drop; `<what>-<pid>-<rand>` so a later run removes the ones a
+/// killed agent left.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(dir: &Path, what: &str) -> Result<Self> {
+        private_dir(dir)?;
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let pid = name
+                    .to_str()
+                    .and_then(|n| n.split('-').nth(1))
+                    .and_then(|p| p.parse::<i32>().ok());
+                if let Some(pid) = pid {
+                    if !Path::new(&format!("/proc/{pid}")).exists() {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
+        let p = dir.join(format!(
+            "{what}-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        private_dir(&p)?;
+        Ok(Scratch(p))
+    }
+}
+
+impl Scratch {
+    /// Keeps the directory: moves it to `to` (same filesystem), replacing what is there.
+    fn keep(self, to: &Path) -> Result<()> {
+        if to.exists() {
+            std::fs::remove_dir_all(to).map_err(AgentError::io(to))?;
+        }
+        let r = std::fs::rename(&self.0, to).map_err(AgentError::io(to));
+        drop(self);
+        r
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn safe_component(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+impl Executor {
+    pub fn new(
+        cfg: ExecutorConfig,
+        store: Arc<Store>,
+        keys: Arc<dyn KeySource>,
+        rt: Handle,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            cfg,
+            store,
+            keys,
+            rt,
+            metrics,
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The container a target names.
+    pub fn resolve(&self, target: &Target) -> Result<resolve::RuncContainer> {
+        match target {
+            Target::ContainerId(id) => resolve::by_id(&self.cfg.runc_root, id)
+                .filter(|c| c.kind() != resolve::Kind::Sandbox)
+                .ok_or_else(|| AgentError::UnknownContainer(id.clone())),
+            Target::Pod {
+                uid,
+                container_name,
+            } => resolve::app_container(
+                &resolve::list(&self.cfg.runc_root),
+                &self.cfg.runc_root,
+                uid,
+                container_name.as_deref(),
+            ),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The two jobs the watchers hand to worker threads: run a `PodCheckpoint`, prepare a
+//! `PodRestore` (both block: the engine forks, the store is reached through `block_on`).
+
+use std::time::{Duration, Instant};
+
+use stasis_api::{PodCheckpoint, PodRestore, RestorePhase};
+use stasis_core::CheckpointRef;
+use tracing::{info, warn};
+
+use super::{image_digest, not_opted_in, restore_mismatch, single_container, KubeCluster};
+use crate::error::{AgentError, Result};
+use crate::executor::{CheckpointJob, CheckpointOutcome, PrepareJob, Target};
+use crate::fence::{self};
+use crate::node::{Agent, Cluster, PodInfo};
+use crate::status::{self};
+
+impl KubeCluster {
+    /// Runs a `PodCheckpoint` whose source pod is on this node (a worker thread).
+    pub fn run_checkpoint(&self, agent: &Agent, c: &PodCheckpoint) {
+        let ns = c.metadata.namespace.clone().unwrap_or_default();
+        let name = c.metadata.name.clone().unwrap_or_default();
+        let Some(pod) = self.pod_by_name(&ns, &c.spec.source_pod_name) else {
+            return;
+        };
+        let info = self.info(&pod);
+        let prev = c.status.clone().unwrap_or_default();
+        // Before anything is frozen: only pods that opted in.
+        if let Some(why) = not_opted_in(&pod, &self.runtime_class) {
+            warn!(checkpoint = %name, %why, "checkpoint refused");
+            let s = status::checkpoint_failed(
+                &prev,
+                &self.node,
+                stasis_api::condition::reason::CHECKPOINT_FAILED,
+                &why,
+                status::now(),
+            );
+            self.rt.block_on(self.patch_ckpt_status(&ns, &name, &s));
+            return;
+        }
+        if let Some(want) = c.spec.source_pod_uid.as_deref() {
+            if want != info.key.uid {
+                let s = status::checkpoint_failed(
+                    &prev,
+                    &self.node,
+                    stasis_api::condition::reason::SOURCE_POD_REPLACED,
+                    &format!(
+                        "pod {} now has UID {}, not {want}",
+                        info.key.name, info.key.uid
+                    ),
+                    status::now(),
+                );
+                self.rt.block_on(self.patch_ckpt_status(&ns, &name, &s));
+                return;
+            }
+        }
+        let stamp = match self.stamp(&info.key) {
+            Ok(s) => s,
+            Err(why) => {
+                self.exec.metrics.checkpoint("fenced");
+                self.finish_checkpoint(&ns, &name, &prev, &info, &Err(AgentError::Fenced(why)));
+                return;
+            }
+        };
+        let running =
+            status::checkpoint_running(&prev, &self.node, &info.key.uid, &stamp, status::now());
+        self.rt
+            .block_on(self.patch_ckpt_status(&ns, &name, &running));
+        let timeout =
+            Duration::from_secs(c.spec.timeout_seconds.filter(|t| *t > 0).map_or(600, |t| {
+                t.min(stasis_api::checkpoint::MAX_TIMEOUT_SECONDS) as u64
+            }));
+        let deadline = Instant::now() + timeout;
+        // One checkpoint at a time per pod: wait for the one in progress.
+        let guard = loop {
+            if let Some(g) = agent.busy.try_take(&info.key.uid) {
+                break Some(g);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let r = match guard {
+            None => Err(AgentError::Deadline(
+                "another checkpoint of this pod ran until the timeout".into(),
+            )),
+            Some(_g) => agent.checkpoint(&CheckpointJob {
+                target: Target::Pod {
+                    uid: info.key.uid.clone(),
+                    container_name: None,
+                },
+                namespace: ns.clone(),
+                pod_name: info.key.name.clone(),
+                stamp,
+                spec_hash: info.spec_hash.clone(),
+                declared: info.declared.clone(),
+                reason: serde_json::to_value(c.spec.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "Manual".into()),
+                leave_running: true,
+                deadline: Some(deadline),
+                on_captured: None,
+            }),
+        };
+        self.finish_checkpoint(&ns, &name, &running, &info, &r);
+    }
+
+    pub(crate) fn finish_checkpoint(
+        &self,
+        ns: &str,
+        name: &str,
+        prev: &stasis_api::PodCheckpointStatus,
+        info: &PodInfo,
+        r: &Result<CheckpointOutcome>,
+    ) {
+        let s = match r {
+            Ok(o) => {
+                info!(checkpoint = %name, reference = %o.reference, total_ms = o.total_ms, "checkpoint succeeded");
+                status::checkpoint_succeeded(prev, o, info.spec_hash.as_deref(), status::now())
+            }
+            Err(e) => {
+                warn!(checkpoint = %name, error = %e, "checkpoint failed");
+                self.rt
+                    .block_on(self.emit(&info.key, "CheckpointFailed", &e.to_string(), true));
+                status::checkpoint_failed(
+                    prev,
+                    &self.node,
+                    status::failure_reason(e),
+                    &e.to_string(),
+                    status::now(),
+                )
+            }
+        };
+        self.rt.block_on(self.patch_ckpt_status(ns, name, &s));
+    }
+
+    /// Prepares a `PodRestore` whose target pod is on this node (a worker thread).
+    pub fn run_restore(&self, r: &PodRestore) {
+        let ns = r.metadata.namespace.clone().unwrap_or_default();
+        let name = r.metadata.name.clone().unwrap_or_default();
+        let Some(pod) = self.pod_by_name(&ns, &r.spec.target_pod_name) else {
+            return;
+        };
+        let info = self.info(&pod);
+        let prev = r.status.clone().unwrap_or_default();
+        if r.spec
+            .target_pod_uid
+            .as_deref()
+            .is_some_and(|u| u != info.key.uid)
+        {
+            return;
+        }
+        let fetching = status::restore(
+            &prev,
+            RestorePhase::Fetching,
+            &self.node,
+            None,
+            status::now(),
+        );
+        self.rt
+            .block_on(self.patch_restore_status(&ns, &name, &fetching));
+        let job = restore_mismatch(r)
+            .map_or(Ok(()), |why| Err(AgentError::Invalid(why)))
+            .and_then(|()| {
+                r.spec
+                    .checkpoint_ref
+                    .parse::<CheckpointRef>()
+                    .map_err(|e| AgentError::Invalid(format!("checkpointRef: {e}")))
+            })
+            .and_then(|reference| {
+                // Only a published checkpoint, and only the manifest the controller recorded.
+                let record = self
+                    .rt
+                    .block_on(self.lineage_record(reference.workload.as_str()))?;
+                let digest = fence::published_digest(record.as_ref(), &ns, &reference)
+                    .map_err(AgentError::Invalid)?;
+                if digest.is_none() {
+                    warn!(restore = %name, %reference, "checkpoint published before manifest digests were recorded: its manifest is not checked against one");
+                }
+                Ok((reference, digest))
+            })
+            .map(|(reference, manifest_digest)| PrepareJob {
+                reference,
+                manifest_digest,
+                namespace: ns.clone(),
+                pod_uid: info.key.uid.clone(),
+                container_name: single_container(&pod),
+                spec_hash: info.spec_hash.clone(),
+                image_digest: single_container(&pod).and_then(|c| image_digest(&pod, &c)),
+                declared: info.declared.clone(),
+            });
+        match job.and_then(|j| self.exec.prepare(&j)) {
+            Ok(p) => {
+                let mut s = status::restore(
+                    &fetching,
+                    RestorePhase::Ready,
+                    &self.node,
+                    Some(format!(
+                        "{} fetched and verified ({} bytes in {} ms); the container restores when it is created",
+                        p.checkpoint_ref, p.bytes, p.fetch_ms
+                    )),
+                    status::now(),
+                );
+                s.fetch_millis = Some(p.fetch_ms as i64);
+                self.rt.block_on(self.patch_restore_status(&ns, &name, &s));
+            }
+            Err(e) => {
+                let damaged = e.is_integrity_failure();
+                let msg = if damaged {
+                    format!("cold start: the checkpoint is damaged in the store, which only a writer to the bucket can cause; stasis does not fall back to older memory: {e}")
+                } else {
+                    format!("cold start: {e}")
+                };
+                warn!(restore = %name, error = %e, damaged, "restore preparation failed: the pod cold-starts");
+                let mut s = status::restore(
+                    &fetching,
+                    RestorePhase::Failed,
+                    &self.node,
+                    Some(msg.clone()),
+                    status::now(),
+                );
+                let mut event = "ColdStart";
+                if damaged {
+                    // The reason is the typed signal the controller acts on (an integrity
+                    // alarm on the lineage instead of the restore-loop fallback).
+                    event = stasis_api::condition::reason::CHECKPOINT_DAMAGED;
+                    stasis_api::condition::set_condition(
+                        &mut s.conditions,
+                        stasis_api::condition::READY,
+                        false,
+                        stasis_api::condition::reason::CHECKPOINT_DAMAGED,
+                        msg.clone(),
+                        None,
+                        status::now(),
+                    );
+                    self.exec.metrics.restore("damaged");
+                }
+                self.rt.block_on(async {
+                    self.patch_restore_status(&ns, &name, &s).await;
+                    self.emit(&info.key, event, &msg, true).await;
+                });
+            }
+        }
+    }
+}
