@@ -48,6 +48,12 @@ struct Cli {
     /// The kubeconfig context to use
     #[arg(long, global = true)]
     context: Option<String>,
+    /// Act as this user (impersonation, as kubectl's --as)
+    #[arg(long = "as", global = true)]
+    as_user: Option<String>,
+    /// Act as a member of this group (repeat for more; with --as)
+    #[arg(long = "as-group", global = true)]
+    as_group: Vec<String>,
     /// Output format: a table (default), json or yaml
     #[arg(short = 'o', long, global = true, value_enum)]
     output: Option<Format>,
@@ -114,7 +120,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    let (client, default_ns) = connect(cli.context.as_deref()).await?;
+    let (client, default_ns) = connect(cli.context.as_deref(), &cli.as_user, &cli.as_group).await?;
     let ns = cli.namespace.clone().unwrap_or(default_ns);
     let scope = if cli.all_namespaces {
         Scope::All
@@ -175,8 +181,12 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 /// A client for the kubeconfig's context (or `context`), and its namespace; in a pod without a
-/// kubeconfig, the pod's service account.
-async fn connect(context: Option<&str>) -> Result<(Client, String)> {
+/// kubeconfig, the pod's service account. `as_user` and `as_groups` impersonate.
+async fn connect(
+    context: Option<&str>,
+    as_user: &Option<String>,
+    as_groups: &[String],
+) -> Result<(Client, String)> {
     let config = match (context, Kubeconfig::read()) {
         (ctx, Ok(kc)) => {
             let opts = KubeConfigOptions {
@@ -194,6 +204,11 @@ async fn connect(context: Option<&str>) -> Result<(Client, String)> {
             .await
             .context("no kubeconfig (KUBECONFIG, ~/.kube/config) and not in a pod")?,
     };
+    let mut config = config;
+    if as_user.is_some() {
+        config.auth_info.impersonate = as_user.clone();
+        config.auth_info.impersonate_groups = (!as_groups.is_empty()).then(|| as_groups.to_vec());
+    }
     let ns = config.default_namespace.clone();
     Ok((
         Client::try_from(config).context("connecting to the API server")?,

@@ -1,88 +1,46 @@
 #!/usr/bin/env bash
-# kubectl-stasis against a real kube-apiserver with RBAC: starts etcd and kube-apiserver (the
-# binaries scripts/cluster builds into its cache) on free local ports, installs the stasis CRDs
+# kubectl-stasis against a real kube-apiserver with RBAC (tests/lib/apiserver.sh starts etcd and
+# kube-apiserver on free local ports, no cluster), installs the stasis CRDs
 # and the chart's user ClusterRoles, and runs every command of the plugin as users of different
 # rights. There is no kubelet, controller or agent here: pods stay unscheduled, and where stasis's
 # agent would write a PodCheckpoint's status, this script writes it (it says so when it does).
 #
 # Usage: apiserver-kubectl.sh [path/to/kubectl-stasis]   (default: target/debug/kubectl-stasis)
 # Exit 0: all checks pass. Exit 1: a check failed. Exit 77: skipped (binaries not built yet;
-# `scripts/cluster up` builds them) — printed, never silent.
+# scripts/build-platform builds them) — printed, never silent.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-plugin="${1:-$root/target/debug/kubectl-stasis}"
-cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
-apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
-etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
-helm="$(ls -d "$cache"/helm-v*/bin/helm 2>/dev/null | sort -V | tail -1 || command -v helm || true)"
-if [[ -z "$apiserver" || -z "$etcd" || -z "$helm" ]] || ! command -v kubectl >/dev/null || ! command -v jq >/dev/null || ! command -v openssl >/dev/null; then
-    echo "SKIP apiserver-kubectl: needs kube-apiserver, etcd and helm under $cache (scripts/cluster up builds them), kubectl, jq and openssl"
-    exit 77
-fi
+plugin_arg="${1:-}"
+# shellcheck source=tests/lib/apiserver.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../tests/lib/apiserver.sh"
+apiserver_need apiserver-kubectl helm
+command -v jq >/dev/null || { echo "SKIP apiserver-kubectl: needs jq"; exit 77; }
+plugin="${plugin_arg:-$root/target/debug/kubectl-stasis}"
 [[ -x "$plugin" ]] || { echo "FAIL apiserver-kubectl: no plugin binary at $plugin (cargo build -p stasis-kubectl)" >&2; exit 1; }
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
-
-openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
-cat >"$work/tokens.csv" <<'EOF'
+# users: admin (system:masters), dev (a namespace user), ops (dev's rights and stasis-restorer),
+# nobody (no rights); this file replaces the harness's admin-only one (the last flag counts)
+cat >"$work/users.csv" <<'EOF'
 admintoken,admin,admin,system:masters
 devtoken,dev,dev
 opstoken,ops,ops
 nobodytoken,nobody,nobody
 EOF
-"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
-    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
-    >"$work/etcd.log" 2>&1 &
-pids+=($!)
-"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
-    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode RBAC \
-    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
-    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
-    >"$work/apiserver.log" 2>&1 &
-pids+=($!)
+APISERVER_NAMESPACE=prod apiserver_start --authorization-mode RBAC --token-auth-file "$work/users.csv"
 
+server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
 kubeconfig() { # user token: a kubeconfig whose context's namespace is prod
     cat >"$work/$1.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
-clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
+clusters: [{name: t, cluster: {server: "$server", insecure-skip-tls-verify: true}}]
 users: [{name: $1, user: {token: $2}}]
 contexts: [{name: t, context: {cluster: t, user: $1, namespace: prod}}]
 current-context: t
 EOF
 }
 kubeconfig admin admintoken; kubeconfig dev devtoken; kubeconfig ops opstoken; kubeconfig nobody nobodytoken
-export KUBECONFIG="$work/admin.kubeconfig"
 
-for _ in $(seq 120); do
-    kubectl get --raw /readyz >/dev/null 2>&1 && break
-    sleep 0.5
-done
-if ! kubectl get --raw /readyz >/dev/null 2>&1; then
-    echo "FAIL apiserver-kubectl: kube-apiserver did not become ready; its log:" >&2
-    tail -20 "$work/apiserver.log" >&2
-    exit 1
-fi
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
-# as USER ARGS...: the plugin as that user; stdout in $work/out, stderr in $work/err, its status in rc
 # (STASIS_TEST_SHOW=1 prints each command's output)
 as() {
     local u=$1; shift; rc=0; KUBECONFIG="$work/$u.kubeconfig" "$plugin" "$@" >"$work/out" 2>"$work/err" || rc=$?
@@ -275,6 +233,9 @@ as dev restore web-1 --from web-0-final
 ok_if "restore as dev (edit rights, not stasis-restorer): refused with the reason and the role to ask for" bash -c \
     "[ $rc = 1 ] && grep -qF 'you may not restore in namespace prod: creating podrestores.stasis.dev is not allowed' '$work/err' && grep -qF 'stasis-restorer' '$work/err'"
 ok_if "... and nothing was created" test "$(kubectl -n prod get prestore -o name | wc -l)" = "$before"
+as admin restore web-1 --from web-0-final --as dev
+ok_if "restore as admin with --as dev (impersonation, as kubectl's): refused as dev" bash -c \
+    "[ $rc = 1 ] && grep -qF 'you may not restore in namespace prod' '$work/err'"
 as ops restore web-1 --from web-1-1796000030
 ok_if "restore from a checkpoint that failed: refused before anything" bash -c "[ $rc = 1 ] && grep -qF 'is Failed, not Succeeded' '$work/err'"
 as ops restore web-1 --from 'not a ref/x'
