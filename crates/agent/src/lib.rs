@@ -22,6 +22,7 @@ pub mod http;
 pub use stasis_api::keys;
 pub mod k8s;
 pub mod mem;
+pub mod memory;
 pub mod metrics;
 pub mod node;
 pub mod notice;

@@ -214,21 +214,33 @@ fn container_over(root: &Path, pod_uid: &str, percent: i32) -> Option<Cause> {
     None
 }
 
-/// What the API says of a pod's checkpoints: one in flight, the last memory checkpoint's start
-/// and the last succeeded checkpoint's duration.
-fn checkpoint_facts(cks: &[PodCheckpoint], pod_uid: &str) -> (bool, Option<u64>, Option<Duration>) {
+/// What the API says of a pod's checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Facts {
+    /// One is pending or running.
+    in_flight: bool,
+    /// When the last memory checkpoint that did not fail was created (Unix ms).
+    last_memory: Option<u64>,
+    /// When the last failed memory checkpoint was created (Unix ms).
+    last_memory_failed: Option<u64>,
+    /// The duration of the last succeeded checkpoint.
+    last_cost: Option<Duration>,
+}
+
+fn checkpoint_facts(cks: &[PodCheckpoint], pod_uid: &str) -> Facts {
     let mine = cks.iter().filter(|c| {
         c.spec.source_pod_uid.as_deref() == Some(pod_uid)
             || c.status.as_ref().and_then(|s| s.source_pod_uid.as_deref()) == Some(pod_uid)
     });
-    let (mut in_flight, mut last_memory, mut last_cost) = (false, None, None::<(u64, Duration)>);
+    let mut f = Facts::default();
+    let mut last_cost = None::<(u64, Duration)>;
     for c in mine {
         let phase = c.status.as_ref().and_then(|s| s.phase);
         if matches!(
             phase,
             None | Some(CheckpointPhase::Pending) | Some(CheckpointPhase::Running)
         ) {
-            in_flight = true;
+            f.in_flight = true;
         }
         let created = c
             .metadata
@@ -236,7 +248,11 @@ fn checkpoint_facts(cks: &[PodCheckpoint], pod_uid: &str) -> (bool, Option<u64>,
             .as_ref()
             .map(|t| t.0.as_millisecond().max(0) as u64);
         if c.spec.reason == CheckpointReason::MemoryPressure {
-            last_memory = last_memory.max(created);
+            if phase == Some(CheckpointPhase::Failed) {
+                f.last_memory_failed = f.last_memory_failed.max(created);
+            } else {
+                f.last_memory = f.last_memory.max(created);
+            }
         }
         if let (Some(CheckpointPhase::Succeeded), Some(total), Some(at)) = (
             phase,
@@ -248,7 +264,8 @@ fn checkpoint_facts(cks: &[PodCheckpoint], pod_uid: &str) -> (bool, Option<u64>,
             }
         }
     }
-    (in_flight, last_memory, last_cost.map(|(_, d)| d))
+    f.last_cost = last_cost.map(|(_, d)| d);
+    f
 }
 
 /// The watcher's state between polls.
@@ -329,10 +346,18 @@ impl Watcher {
                 return;
             }
         };
-        let (in_flight, last_memory, last_cost) = checkpoint_facts(&cks, &pod.uid);
-        let gap = core_memory::min_gap(wants.heartbeat, last_cost);
+        let f = checkpoint_facts(&cks, &pod.uid);
+        let gap = core_memory::min_gap(wants.heartbeat, f.last_cost);
         let now = crate::executor::now_ms();
-        match core_memory::verdict(in_flight, last_memory, gap, now) {
+        // A failed one (the pod was not registered yet, the store was down) is retried after
+        // the shortest gap, not the full one.
+        let verdict = match core_memory::verdict(f.in_flight, f.last_memory, gap, now) {
+            Verdict::Checkpoint => {
+                core_memory::verdict(false, f.last_memory_failed, core_memory::MIN_GAP, now)
+            }
+            v => v,
+        };
+        match verdict {
             Verdict::InFlight => {
                 self.quiet_until.insert(pod.uid.clone(), now + 2_000);
             }
@@ -566,19 +591,31 @@ mod tests {
                 1_500,
             ),
         ];
-        let (in_flight, last_memory, cost) = checkpoint_facts(&cks, "uid-a");
-        assert!(!in_flight);
-        assert_eq!(
-            last_memory,
-            Some(stasis_core::time::parse_rfc3339_nanos(t1).unwrap() as u64 / 1_000_000)
-        );
-        assert_eq!(cost, Some(Duration::from_millis(1_500)));
+        let ms = |t: &str| stasis_core::time::parse_rfc3339_nanos(t).unwrap() as u64 / 1_000_000;
+        let f = checkpoint_facts(&cks, "uid-a");
+        assert!(!f.in_flight);
+        assert_eq!(f.last_memory, Some(ms(t1)));
+        assert_eq!(f.last_memory_failed, None);
+        assert_eq!(f.last_cost, Some(Duration::from_millis(1_500)));
         let mut more = cks.clone();
         more.push(ck(CheckpointReason::Heartbeat, None, t1, 0));
         assert!(
-            checkpoint_facts(&more, "uid-a").0,
+            checkpoint_facts(&more, "uid-a").in_flight,
             "a checkpoint without status is in flight"
         );
-        assert_eq!(checkpoint_facts(&cks, "uid-other"), (false, None, None));
+        let t2 = "2026-12-01T10:06:00Z";
+        more = cks.clone();
+        more.push(ck(
+            CheckpointReason::MemoryPressure,
+            Some(CheckpointPhase::Failed),
+            t2,
+            0,
+        ));
+        let f = checkpoint_facts(&more, "uid-a");
+        assert_eq!(
+            (f.last_memory, f.last_memory_failed),
+            (Some(ms(t1)), Some(ms(t2)))
+        );
+        assert_eq!(checkpoint_facts(&cks, "uid-other"), Facts::default());
     }
 }

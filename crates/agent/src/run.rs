@@ -171,6 +171,18 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
                 cfg.cloud.clone(),
                 stop.clone(),
             ));
+            rt.spawn(crate::memory::run(
+                crate::memory::MemoryContext {
+                    client: running.cluster.client.clone(),
+                    node: running.cluster.node.clone(),
+                    runtime_class: running.cluster.runtime_class.clone(),
+                    pods: running.cluster.pods.clone(),
+                    policies: running.cluster.policies.clone(),
+                    metrics: metrics.clone(),
+                    runc_root: cfg.runc_root.clone(),
+                },
+                stop.clone(),
+            ));
             (
                 Arc::new(Agent {
                     exec: exec.clone(),
