@@ -26,9 +26,9 @@ pub const SECRET_PREFIX: &str = "stasis-key-";
 /// Data field of the wrapped key.
 pub const SECRET_FIELD: &str = "wrapped";
 /// Annotation naming the cluster key a data key is wrapped with.
-pub const CLUSTER_KEY_ID_ANNOTATION: &str = "stasis.dev/cluster-key-id";
+pub use crate::names::CLUSTER_KEY_ID as CLUSTER_KEY_ID_ANNOTATION;
 /// Label naming the namespace a data key Secret is for.
-pub const NAMESPACE_LABEL: &str = "stasis.dev/namespace";
+pub use crate::names::NAMESPACE as NAMESPACE_LABEL;
 
 /// File next to the cluster key holding the keys it replaced, one per line (64 hex digits).
 pub const RETIRED_KEYS_FILE: &str = "retired.keys";

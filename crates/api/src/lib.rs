@@ -11,6 +11,7 @@
 //!   permission of its own: a checkpoint holds the pod's whole memory, secrets included;
 //! - [`pod`]: workload identity, volume facts and the normalised spec hash of a
 //!   [`k8s_openapi::api::core::v1::Pod`], computed by stasis-core.
+//! - [`names`]: every `stasis.dev/*` key and condition reason.
 //!
 //! This crate enables no k8s-openapi version feature (k8s-openapi leaves that to the final
 //! binary); the `crdgen` binary enables `v1_37` through this crate's `crdgen` feature.
@@ -23,6 +24,7 @@ pub mod checkpoint;
 pub mod condition;
 pub mod keys;
 pub mod lineage;
+pub mod names;
 pub mod pod;
 pub mod policy;
 pub mod restore;
@@ -33,15 +35,12 @@ pub use checkpoint::{
 pub use policy::{
     CheckpointPolicy, CheckpointPolicySpec, CheckpointPolicyStatus, Retention, StorageRef, Triggers,
 };
-pub use restore::{PodRestore, PodRestoreSpec, PodRestoreStatus, RestorePhase};
+pub use restore::{PodRestore, PodRestoreSpec, PodRestoreStatus, RestoreFailure, RestorePhase};
 
 /// The API group of every stasis resource.
 pub const GROUP: &str = "stasis.dev";
 /// The only served (and stored) version.
 pub const VERSION: &str = "v1alpha1";
-
-/// Pod annotation that forces a cold start: `stasis.dev/cold-start: "true"`.
-pub const COLD_START_ANNOTATION: &str = stasis_core::decision::COLD_START_ANNOTATION;
 
 /// Every CRD of the group, in a stable order (the order `crdgen` prints them).
 pub fn crds(

@@ -2,45 +2,38 @@
 //! CRDs (docs/design.md §12.4):
 //!
 //! - on a pod, the webhook writes the lineage it claimed and the generation of the claim
-//!   ([`LINEAGE_ANNOTATION`], [`GENERATION_ANNOTATION`]), for people to read: nothing trusts
-//!   them, a pod's user can write them too;
+//!   ([`names::LINEAGE`], [`names::GENERATION`]), for people to read: nothing trusts them, a
+//!   pod's user can write them too;
 //! - the controller persists each lineage record (`stasis_core::lineage::Lineage`, JSON under
 //!   [`RECORD_KEY`]) in a ConfigMap named [`record_name`] in stasis's own namespace, labelled
-//!   [`RECORD_LABEL`]`=true`, [`RECORD_NAMESPACE_LABEL`] and, once it has seen the holder pod,
-//!   [`HOLDER_UID_LABEL`]; updated with resourceVersion preconditions. The agent only reads
+//!   [`names::LINEAGE_RECORD`]`=true`, [`names::NAMESPACE`] and, once it has seen the holder
+//!   pod, [`names::HOLDER_UID`] (the agent stamps a pod's checkpoints with the lineage and
+//!   generation of the record carrying the pod's UID there, never with anything the pod itself
+//!   says); updated with resourceVersion preconditions. The agent only reads
 //!   records: it stamps a pod's checkpoints (`PodCheckpoint.status.lineage`/`generation`,
 //!   manifest labels) with the record naming the pod's UID, and fences
 //!   (`stasis_core::lineage::may_publish`) before a checkpoint becomes visible;
 //! - engine/model versions a workload declares are pod labels (or annotations) with the prefix
-//!   [`DECLARE_PREFIX`]: `declare.stasis.dev/engine: vllm-0.9` declares `engine=vllm-0.9`.
+//!   [`names::DECLARE_PREFIX`]: `declare.stasis.dev/engine: vllm-0.9` declares `engine=vllm-0.9`.
 
 use std::collections::BTreeMap;
 
-/// Pod annotation: the lineage the pod holds.
-pub const LINEAGE_ANNOTATION: &str = "stasis.dev/lineage";
-/// Pod annotation: the lineage generation the pod's claim holds (decimal).
-pub const GENERATION_ANNOTATION: &str = "stasis.dev/generation";
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use stasis_core::fingerprint::Mismatch;
+
+use crate::names::{self, DECLARE_PREFIX, GENERATION, LINEAGE};
+
 /// Data key of the lineage record in its ConfigMap.
 pub const RECORD_KEY: &str = "lineage.json";
-/// Label on every lineage record ConfigMap.
-pub const RECORD_LABEL: &str = "stasis.dev/lineage-record";
-/// Annotation on a lineage record ConfigMap holding the lineage id (readable).
-pub const RECORD_ID_ANNOTATION: &str = "stasis.dev/lineage";
-/// Label on a lineage record ConfigMap: the UID of the pod that holds the lineage, set by the
-/// controller when it registers the pod (its first sight of it). The agent stamps a pod's
-/// checkpoints with the lineage and generation of the record carrying the pod's UID here (and the
-/// pod's namespace in [`RECORD_NAMESPACE_LABEL`]), never with anything the pod itself says.
-pub const HOLDER_UID_LABEL: &str = "stasis.dev/holder-uid";
-/// Label on a lineage record ConfigMap: the namespace of its workload (records of one namespace
-/// are counted and listed with it).
-pub const RECORD_NAMESPACE_LABEL: &str = "stasis.dev/namespace";
-/// Label on `PodCheckpoint`s and `PodRestore`s: the node of the pod they are about, whose agent
-/// alone may write them (the chart's ValidatingAdmissionPolicy holds an agent to the node its
-/// token names). Set by the controller on the checkpoints it creates and by the agent on the
-/// objects it creates.
-pub const NODE_LABEL: &str = "stasis.dev/node";
-/// Prefix of the labels/annotations that declare engine and model versions.
-pub const DECLARE_PREFIX: &str = "declare.stasis.dev/";
+/// [`names::HOLDER_UID`], under the name the agent used before [`names`] existed.
+pub use names::HOLDER_UID as HOLDER_UID_LABEL;
+/// [`names::LINEAGE_RECORD`], under the name the agent used before [`names`] existed.
+pub use names::LINEAGE_RECORD as RECORD_LABEL;
+/// [`names::NAMESPACE`], under the name the agent used before [`names`] existed.
+pub use names::NAMESPACE as RECORD_NAMESPACE_LABEL;
+/// [`names::NODE`], under the name the agent used before [`names`] existed.
+pub use names::NODE as NODE_LABEL;
 
 /// Name of the ConfigMap holding a lineage's record: `lineage-` + 32 hex digits of BLAKE3 of
 /// the lineage id (lineage ids may hold `_` and exceed what an object name allows).
@@ -51,12 +44,8 @@ pub fn record_name(lineage: &str) -> String {
 
 /// The lineage and generation a pod's annotations name, when both are present and valid.
 pub fn pod_lineage(annotations: &BTreeMap<String, String>) -> Option<(String, u64)> {
-    let l = annotations.get(LINEAGE_ANNOTATION)?.trim();
-    let g = annotations
-        .get(GENERATION_ANNOTATION)?
-        .trim()
-        .parse()
-        .ok()?;
+    let l = annotations.get(LINEAGE)?.trim();
+    let g = annotations.get(GENERATION)?.trim().parse().ok()?;
     (!l.is_empty()).then(|| (l.to_owned(), g))
 }
 
@@ -74,6 +63,23 @@ pub fn declared(
         }
     }
     out
+}
+
+/// The declared versions (`declare.stasis.dev/*`, [`declared`]) that differ between the source
+/// pod of a checkpoint and the pod that would restore it: a restore across them would resume
+/// memory of one engine or model version under another.
+pub fn declared_mismatches(source: &Pod, pod: &Pod) -> Vec<Mismatch> {
+    let a = declared(source.labels(), source.annotations());
+    let b = declared(pod.labels(), pod.annotations());
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| Mismatch {
+            field: format!("declared.{k}"),
+            recorded: a.get(k).cloned().unwrap_or_else(|| "(none)".into()),
+            found: b.get(k).cloned().unwrap_or_else(|| "(none)".into()),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -94,10 +100,10 @@ mod tests {
     fn pod_lineage_and_declared() {
         let mut ann = BTreeMap::new();
         assert_eq!(pod_lineage(&ann), None);
-        ann.insert(LINEAGE_ANNOTATION.into(), "l.1".into());
-        ann.insert(GENERATION_ANNOTATION.into(), "x".into());
+        ann.insert(LINEAGE.into(), "l.1".into());
+        ann.insert(GENERATION.into(), "x".into());
         assert_eq!(pod_lineage(&ann), None);
-        ann.insert(GENERATION_ANNOTATION.into(), "3".into());
+        ann.insert(GENERATION.into(), "3".into());
         assert_eq!(pod_lineage(&ann), Some(("l.1".into(), 3)));
         ann.insert("declare.stasis.dev/engine".into(), "v1".into());
         ann.insert("declare.stasis.dev/model".into(), "m".into());
@@ -109,5 +115,34 @@ mod tests {
         assert_eq!(d.len(), 2);
         assert_eq!(d["engine"], "v2");
         assert_eq!(d["model"], "m");
+    }
+
+    #[test]
+    fn declared_version_mismatches() {
+        let pod = |labels: &[(&str, &str)]| Pod {
+            metadata: kube::api::ObjectMeta {
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let a = pod(&[("declare.stasis.dev/engine", "v1"), ("app", "x")]);
+        let b = pod(&[("declare.stasis.dev/engine", "v2"), ("app", "x")]);
+        let m = declared_mismatches(&a, &b);
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (
+                m[0].field.as_str(),
+                m[0].recorded.as_str(),
+                m[0].found.as_str()
+            ),
+            ("declared.engine", "v1", "v2")
+        );
+        assert!(declared_mismatches(&a, &a).is_empty());
     }
 }

@@ -88,7 +88,7 @@ pub fn cold_start_annotation(pod: &Pod) -> Option<String> {
     pod.metadata
         .annotations
         .as_ref()?
-        .get(stasis_core::decision::COLD_START_ANNOTATION)
+        .get(crate::names::COLD_START)
         .cloned()
 }
 

@@ -11,9 +11,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use stasis_core::decision::{Requester, COLD_START_ANNOTATION};
-
-use crate::keys::WAIT_CONTAINER;
+use stasis_api::names;
+use stasis_core::decision::Requester;
 
 /// The kind of the pod's controlling owner, if any.
 pub fn controller_kind(pod: &Pod) -> Option<&str> {
@@ -35,17 +34,15 @@ pub fn requester_without_review(user: &str, pod: &Pod) -> Option<Requester> {
     }
 }
 
-/// The domain of stasis's pod labels and annotations.
-pub const DOMAIN_PREFIX: &str = "stasis.dev/";
 /// The only key of that domain a user may set on a pod: it can only force a cold start.
-pub const USER_KEYS: &[&str] = &[COLD_START_ANNOTATION];
+pub const USER_KEYS: &[&str] = &[names::COLD_START];
 
 /// A `stasis.dev/` label or annotation only stasis may set on a pod (the claim token, lineage,
 /// generation, decision and the rest the controller and the agents read): the webhook removes
 /// it from every pod it sees created, the chart's ValidatingAdmissionPolicy refuses changes to
 /// it by anyone but stasis (docs/design.md §13.3). `declare.stasis.dev/` keys are the user's.
 pub fn is_reserved(key: &str) -> bool {
-    key.starts_with(DOMAIN_PREFIX) && !USER_KEYS.contains(&key)
+    key.starts_with(names::PREFIX) && !USER_KEYS.contains(&key)
 }
 
 /// How the injected wait container is built.
@@ -82,7 +79,7 @@ pub fn wait_container(cfg: &WaitConfig) -> Container {
     };
     let q = |s: &str| Quantity(s.to_owned());
     Container {
-        name: WAIT_CONTAINER.to_owned(),
+        name: stasis_api::pod::RESTORE_WAIT_CONTAINER.to_owned(),
         image: Some(cfg.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
         command: Some(vec![cfg.command.clone()]),
@@ -260,7 +257,10 @@ pub fn patch(pod: &Pod, mutation: &Mutation) -> Value {
             .is_some_and(|c| !c.is_empty());
         let already = spec
             .and_then(|s| s.init_containers.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.name == WAIT_CONTAINER));
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.name == stasis_api::pod::RESTORE_WAIT_CONTAINER)
+            });
         if already {
             // A pod copied from a restored one: leave its wait container alone.
         } else if has_inits {
@@ -380,7 +380,10 @@ mod tests {
         assert_eq!(terms[0]["matchExpressions"].as_array().unwrap().len(), 3);
         assert_eq!(terms[1]["matchExpressions"][0]["key"], "stasis.dev/ready");
         assert_eq!(terms[1]["matchFields"][0]["key"], "metadata.name");
-        assert_eq!(out["spec"]["initContainers"][0]["name"], WAIT_CONTAINER);
+        assert_eq!(
+            out["spec"]["initContainers"][0]["name"],
+            stasis_api::pod::RESTORE_WAIT_CONTAINER
+        );
         assert_eq!(out["spec"]["initContainers"][1]["name"], "setup");
         let wait = &out["spec"]["initContainers"][0];
         assert_eq!(wait["args"][0], "wait-restore");

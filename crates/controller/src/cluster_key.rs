@@ -76,11 +76,11 @@ pub fn new_secret(namespace: &str, name: &str) -> Secret {
             name: Some(name.to_owned()),
             namespace: Some(namespace.to_owned()),
             labels: Some(BTreeMap::from([(
-                crate::keys::MANAGED_BY.0.to_owned(),
-                crate::keys::MANAGED_BY.1.to_owned(),
+                stasis_api::names::MANAGED_BY.0.to_owned(),
+                stasis_api::names::MANAGED_BY.1.to_owned(),
             )])),
             annotations: Some(BTreeMap::from([(
-                "stasis.dev/note".to_owned(),
+                stasis_api::names::NOTE.to_owned(),
                 "made once by stasis-controller; every checkpoint's data key is wrapped with it: \
                  never delete it while checkpoints should stay readable"
                     .to_owned(),

@@ -17,17 +17,16 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use stasis_api::condition::{self, reason, set_condition};
-use stasis_api::lineage::{GENERATION_ANNOTATION, LINEAGE_ANNOTATION, RECORD_LABEL};
+use stasis_api::names;
 use stasis_api::{
     pod as podfacts, CheckpointPhase, CheckpointPolicy, CheckpointPolicyStatus, CheckpointReason,
     PodCheckpoint, PodCheckpointSpec, PodCheckpointStatus, PodRestore, PodRestoreSpec,
-    PodRestoreStatus, RestorePhase,
+    PodRestoreStatus, RestoreFailure, RestorePhase,
 };
 use stasis_core::lineage::{retention, Lineage, LineageCheckpoint};
 use stasis_core::policy::parse_duration;
 use stasis_core::reference::{CheckpointId, CheckpointRef};
 
-use crate::keys::*;
 use crate::metrics::Metrics;
 use crate::record::{refresh, Holder, Record, Records};
 use crate::schedule::{
@@ -140,7 +139,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciled("pods");
     let ns = pod.namespace().unwrap_or_default();
     let uid = pod_uid(&pod);
-    let token = pod.labels().get(CLAIM_TOKEN_ANNOTATION).cloned();
+    let token = pod.labels().get(names::CLAIM_TOKEN).cloned();
     let policy = policy_for(
         ctx.policies.state().iter().map(|p| p.as_ref()),
         &ns,
@@ -162,7 +161,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
             // API server for the record the pod's lineage annotation names (only stasis sets
             // it: the webhook strips it from what users send, the admission policy refuses it)
             // before concluding the pod holds nothing. The token must still match below.
-            if let Some(lineage) = pod.annotations().get(LINEAGE_ANNOTATION) {
+            if let Some(lineage) = pod.annotations().get(names::LINEAGE) {
                 found = ctx
                     .records
                     .get(lineage)
@@ -199,8 +198,8 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
         .as_ref()
         .and_then(|r| r.holder.as_ref())
         .is_some_and(|h| h.restore.is_some());
-    if (annotations.contains_key(DECISION_ANNOTATION) || restore_decided)
-        && !annotations.contains_key(REPORTED_ANNOTATION)
+    if (annotations.contains_key(names::DECISION) || restore_decided)
+        && !annotations.contains_key(names::DECISION_REPORTED)
     {
         report_decision(&pod, record.as_ref(), &ctx).await?;
     }
@@ -271,7 +270,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
 /// reported, so its wait container, if any, stops waiting), never a `PodRestore`, and the
 /// real holder's lineage is left alone.
 async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Action> {
-    if pod.annotations().contains_key(REPORTED_ANNOTATION) {
+    if pod.annotations().contains_key(names::DECISION_REPORTED) {
         return Ok(Action::await_change());
     }
     let ns = pod.namespace().unwrap_or_default();
@@ -287,11 +286,12 @@ async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Action> {
         EventType::Warning,
         "ClaimRefused",
         format!(
-            "label {CLAIM_TOKEN_ANNOTATION} of this pod is the claim of pod {holder}: this pod holds no lineage, is not restored and gets no checkpoints"
+            "label {} of this pod is the claim of pod {holder}: this pod holds no lineage, is not restored and gets no checkpoints",
+            names::CLAIM_TOKEN
         ),
     )
     .await;
-    let patch = json!({"metadata": {"annotations": {REPORTED_ANNOTATION: "true"}}});
+    let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
     Api::<Pod>::namespaced(ctx.client.clone(), &ns)
         .patch(
             &pod.name_any(),
@@ -333,11 +333,11 @@ async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
     );
     let record = ctx.records.save(&record).await?;
     let patch = json!({"metadata": {
-        "labels": {CLAIM_TOKEN_ANNOTATION: uid},
+        "labels": {names::CLAIM_TOKEN: uid},
         "annotations": {
-            CLAIM_TOKEN_ANNOTATION: uid,
-            LINEAGE_ANNOTATION: record.lineage.id.as_str(),
-            GENERATION_ANNOTATION: record.lineage.generation.to_string(),
+            names::CLAIM_TOKEN: uid,
+            names::LINEAGE: record.lineage.id.as_str(),
+            names::GENERATION: record.lineage.generation.to_string(),
         }
     }});
     Api::<Pod>::namespaced(ctx.client.clone(), &ns)
@@ -366,7 +366,7 @@ async fn report_decision(pod: &Pod, record: Option<&Record>, ctx: &Context) -> R
         "Restore"
     } else {
         annotations
-            .get(DECISION_ANNOTATION)
+            .get(names::DECISION)
             .map_or("ColdStart", String::as_str)
     };
     match decision {
@@ -379,8 +379,11 @@ async fn report_decision(pod: &Pod, record: Option<&Record>, ctx: &Context) -> R
                             name: Some(name.clone()),
                             namespace: Some(ns.clone()),
                             labels: Some(BTreeMap::from([
-                                (POD_UID_LABEL.to_owned(), pod_uid(pod)),
-                                (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+                                (names::POD_UID.to_owned(), pod_uid(pod)),
+                                (
+                                    names::MANAGED_BY.0.to_owned(),
+                                    names::MANAGED_BY.1.to_owned(),
+                                ),
                             ])),
                             ..Default::default()
                         },
@@ -445,13 +448,13 @@ async fn report_decision(pod: &Pod, record: Option<&Record>, ctx: &Context) -> R
         }
         _ => {
             let why = annotations
-                .get(DECISION_REASON_ANNOTATION)
+                .get(names::DECISION_REASON)
                 .cloned()
                 .unwrap_or_else(|| "no restore".into());
             ctx.event(&oref, EventType::Normal, "ColdStart", why).await;
         }
     }
-    let patch = json!({"metadata": {"annotations": {REPORTED_ANNOTATION: "true"}}});
+    let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
     Api::<Pod>::namespaced(ctx.client.clone(), &ns)
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
@@ -536,12 +539,15 @@ async fn heartbeat(
                 .unwrap_or_default();
             let name = heartbeat_name(&pod.name_any(), due_unix_ms);
             let mut labels = BTreeMap::from([
-                (POD_UID_LABEL.to_owned(), uid.clone()),
-                ("stasis.dev/policy".to_owned(), policy.name_any()),
-                (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+                (names::POD_UID.to_owned(), uid.clone()),
+                (names::POLICY.to_owned(), policy.name_any()),
+                (
+                    names::MANAGED_BY.0.to_owned(),
+                    names::MANAGED_BY.1.to_owned(),
+                ),
             ]);
             if node.len() <= 63 {
-                labels.insert(NODE_LABEL.to_owned(), node.clone());
+                labels.insert(names::NODE.to_owned(), node.clone());
             }
             let ck = PodCheckpoint {
                 metadata: ObjectMeta {
@@ -550,11 +556,11 @@ async fn heartbeat(
                     labels: Some(labels),
                     annotations: Some(BTreeMap::from([
                         (
-                            LINEAGE_ANNOTATION.to_owned(),
+                            names::LINEAGE.to_owned(),
                             record.lineage.id.as_str().to_owned(),
                         ),
                         (
-                            GENERATION_ANNOTATION.to_owned(),
+                            names::GENERATION.to_owned(),
                             record.lineage.generation.to_string(),
                         ),
                     ])),
@@ -968,25 +974,20 @@ async fn apply_retention(mut r: Record, ctx: &Context) -> Result<()> {
 }
 
 /// A restore failure reduced to something comparable (`stasis_core::lineage`'s loop guard
-/// counts equal signatures): `restore: <first clause of the message>`, without the
-/// `cold start:` prefix every failure message shares.
-pub fn failure_signature(message: &str) -> String {
-    let m = message.trim();
-    let m = m
-        .strip_prefix("cold start:")
-        .or_else(|| m.strip_prefix("cold start"))
-        .unwrap_or(m)
-        .trim();
-    let first = m.split([':', '\n', ';']).next().unwrap_or("").trim();
-    let first = if first.is_empty() { "unknown" } else { first };
-    format!("restore: {first}").chars().take(80).collect()
+/// counts equal signatures): `restore: <RestoreFailure>`, from the typed cause the agent
+/// reports, never from the message's wording. A status written by an agent older than
+/// `status.failure` has one signature, `restore: Unknown`.
+pub fn failure_signature(status: Option<&PodRestoreStatus>) -> String {
+    match status.and_then(|s| s.failure) {
+        Some(f) => format!("restore: {f}"),
+        None => "restore: Unknown".to_owned(),
+    }
 }
 
 /// `PodRestore`s: outcomes feed the restore-loop guard of the lineage, once each.
 pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciled("restores");
-    const ACCOUNTED: &str = "stasis.dev/accounted";
-    if pr.annotations().contains_key(ACCOUNTED) {
+    if pr.annotations().contains_key(names::ACCOUNTED) {
         return Ok(Action::await_change());
     }
     let status = pr.status.as_ref();
@@ -1015,11 +1016,12 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
             let mut status = pr.status.clone().unwrap_or_default();
             status.phase = Some(RestorePhase::Failed);
             status.message = Some(why.clone());
+            status.failure = Some(RestoreFailure::Refused);
             set_condition(
                 &mut status.conditions,
                 condition::READY,
                 false,
-                "Refused",
+                reason::REFUSED,
                 why,
                 None,
                 k8s_time(now_ms()),
@@ -1063,7 +1065,7 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
                 .await;
                 r.lineage.record_integrity_failure(&id, &message, now_ms());
             } else {
-                let signature = failure_signature(&message);
+                let signature = failure_signature(status);
                 r.lineage.record_restore_failure(&id, &signature);
             }
         }
@@ -1074,19 +1076,21 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         .patch(
             &pr.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {ACCOUNTED: "true"}}})),
+            &Patch::Merge(json!({"metadata": {"annotations": {names::ACCOUNTED: "true"}}})),
         )
         .await?;
     Ok(Action::await_change())
 }
 
 /// True when the agent reported that the restore found the checkpoint's objects gone or
-/// damaged in the store (its `Ready` condition's reason, a typed signal, not message text).
+/// damaged in the store: `status.failure`, or (from an agent older than that field) the `Ready`
+/// condition's reason; never message text.
 fn restore_found_damage(status: Option<&PodRestoreStatus>) -> bool {
     status.is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == condition::READY && c.reason == reason::CHECKPOINT_DAMAGED)
+        s.failure == Some(RestoreFailure::CheckpointDamaged)
+            || s.conditions
+                .iter()
+                .any(|c| c.type_ == condition::READY && c.reason == reason::CHECKPOINT_DAMAGED)
     })
 }
 
@@ -1263,7 +1267,7 @@ async fn collect(mut r: Record, in_ns: &[Pod], now: u64, ctx: &Context) -> Resul
     let token = r.lineage.holder.clone();
     let holder_exists = in_ns.iter().any(|p| {
         (holder_uid.is_some() && p.metadata.uid == holder_uid)
-            || (token.is_some() && p.labels().get(CLAIM_TOKEN_ANNOTATION) == token.as_ref())
+            || (token.is_some() && p.labels().get(names::CLAIM_TOKEN) == token.as_ref())
     });
     let grace = ctx.cfg.collect_records_after.as_millis() as u64;
     if !crate::record::collectable(&r, holder_exists, now, grace) {
@@ -1331,7 +1335,7 @@ pub async fn run(setup: Setup) -> Result<()> {
         maps_writer,
         watcher::watcher(
             Api::<ConfigMap>::namespaced(client.clone(), &setup.namespace),
-            wc().labels(&format!("{RECORD_LABEL}=true")),
+            wc().labels(&format!("{}=true", names::LINEAGE_RECORD)),
         ),
     )
     .default_backoff()
@@ -1468,8 +1472,8 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": {
                 "name": "counter-7d9f8b6c5-abcde", "namespace": "prod", "uid": "uid-1",
-                "labels": {"app": "counter", "pod-template-hash": "7d9f8b6c5", CLAIM_TOKEN_ANNOTATION: "tok"},
-                "annotations": {LINEAGE_ANNOTATION: "prod_deploy_counter.aaaaaaaa", GENERATION_ANNOTATION: "2"},
+                "labels": {"app": "counter", "pod-template-hash": "7d9f8b6c5", names::CLAIM_TOKEN: "tok"},
+                "annotations": {names::LINEAGE: "prod_deploy_counter.aaaaaaaa", names::GENERATION: "2"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "counter-7d9f8b6c5", "uid": "rs", "controller": true}]
             },
             "spec": {"runtimeClassName": "stasis", "nodeName": "worker-1", "containers": [{"name": "c", "image": "i"}]},
@@ -1610,7 +1614,7 @@ mod tests {
             .annotations
             .as_mut()
             .unwrap()
-            .insert(DECISION_ANNOTATION.into(), "Restore".into());
+            .insert(names::DECISION.into(), "Restore".into());
         let ctx = context_with(client, vec![], vec![r.clone()], vec![], vec![]);
         reconcile_pod(Arc::new(b), ctx.clone()).await.unwrap();
         let w = writes(&seen);
@@ -1636,7 +1640,7 @@ mod tests {
         // Marked handled (its wait container, if any, stops waiting), once.
         assert!(w.iter().any(|(m, p, b)| m == "PATCH"
             && p == "/api/v1/namespaces/prod/pods/evil"
-            && b["metadata"]["annotations"][REPORTED_ANNOTATION] == "true"));
+            && b["metadata"]["annotations"][names::DECISION_REPORTED] == "true"));
         let text = ctx.metrics.encode();
         assert!(
             text.contains("stasis_controller_refused_total{reason=\"ClaimTokenCopied\"} 1"),
@@ -1686,10 +1690,7 @@ mod tests {
             .find(|(m, p, _)| m == "PUT" && p.ends_with(&r.name()))
             .expect("registration");
         assert_eq!(put.2["metadata"]["resourceVersion"], "5");
-        assert_eq!(
-            put.2["metadata"]["labels"][stasis_api::lineage::HOLDER_UID_LABEL],
-            "uid-1"
-        );
+        assert_eq!(put.2["metadata"]["labels"][names::HOLDER_UID], "uid-1");
         let saved =
             Record::from_config_map(&serde_json::from_value(put.2.clone()).unwrap()).unwrap();
         assert_eq!(saved.holder_uid(), Some("uid-1"));
@@ -1936,7 +1937,13 @@ mod tests {
                 .unwrap();
         }
         let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", r.name());
-        for (reason, alarm) in [(reason::CHECKPOINT_DAMAGED, true), ("RestoreFailed", false)] {
+        // The typed `failure`, or (an older agent) the condition's reason, raises the alarm.
+        for (reason, failure, alarm) in [
+            (reason::CHECKPOINT_DAMAGED, None, true),
+            (reason::RESTORE_FAILED, None, false),
+            (reason::RESTORE_FAILED, Some("RestoreFailed"), false),
+            (reason::RESTORE_FAILED, Some("CheckpointDamaged"), true),
+        ] {
             let (client, seen) = routed_client(vec![(
                 cm_path.clone(),
                 serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
@@ -1946,6 +1953,7 @@ mod tests {
                 "metadata": {"name": "t", "namespace": "prod"},
                 "spec": {"checkpointRef": format!("{l}/{}", ids[1]), "targetPodName": "t", "lineage": l.as_str()},
                 "status": {"phase": "Failed", "message": "cold start: store: manifest missing",
+                           "failure": failure,
                            "conditions": [{"type": "Ready", "status": "False", "reason": reason,
                                            "message": "m", "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
             }))
@@ -2013,7 +2021,7 @@ mod tests {
             .labels
             .as_mut()
             .unwrap()
-            .insert("stasis.dev/policy".into(), "aaa-keep-one".into());
+            .insert(names::POLICY.into(), "aaa-keep-one".into());
         let holder = running_pod("2026-01-01T00:00:00Z");
         let ctx = context_with(
             client,
@@ -2130,7 +2138,7 @@ mod tests {
             .labels
             .as_mut()
             .unwrap()
-            .remove(stasis_api::lineage::HOLDER_UID_LABEL);
+            .remove(names::HOLDER_UID);
         let (client, seen) = routed_client(vec![]);
         let ctx = context_with(
             client,
@@ -2163,10 +2171,7 @@ mod tests {
         let w = writes(&seen);
         assert_eq!(w.len(), 1, "{w:#?}");
         assert_eq!(w[0].0, "PUT");
-        assert_eq!(
-            w[0].2["metadata"]["labels"][stasis_api::lineage::HOLDER_UID_LABEL],
-            "uid-1"
-        );
+        assert_eq!(w[0].2["metadata"]["labels"][names::HOLDER_UID], "uid-1");
         // Labelled: nothing to write.
         let (client, seen) = routed_client(vec![]);
         let ctx = context_with(
@@ -2230,12 +2235,12 @@ mod tests {
         );
         assert_eq!(body["spec"]["reason"], "Heartbeat");
         assert_eq!(body["spec"]["sourcePodUID"], "uid-1");
-        assert_eq!(body["metadata"]["labels"][NODE_LABEL], "worker-1");
+        assert_eq!(body["metadata"]["labels"][names::NODE], "worker-1");
         assert_eq!(
-            body["metadata"]["annotations"][LINEAGE_ANNOTATION],
+            body["metadata"]["annotations"][names::LINEAGE],
             "prod_deploy_counter.aaaaaaaa"
         );
-        assert_eq!(body["metadata"]["annotations"][GENERATION_ANNOTATION], "2");
+        assert_eq!(body["metadata"]["annotations"][names::GENERATION], "2");
         assert_eq!(ctx.metrics.checkpoints_scheduled.get(), 1);
         // No checkpoint yet: its age counts from the pod's start, against a 10 s interval.
         let text = ctx.metrics.encode();
@@ -2577,18 +2582,57 @@ mod tests {
         assert!(seen.lock().unwrap().is_empty());
     }
 
+    /// The loop guard keys on the typed cause: two failures of one cause with different
+    /// wording mark the checkpoint bad; two causes with the same wording do not; statuses of an
+    /// agent without `failure` share one signature.
     #[test]
-    fn failure_signatures() {
-        assert_eq!(
-            failure_signature("cold start: fetch failed: boom"),
-            "restore: fetch failed"
+    fn failure_signatures_come_from_the_typed_cause() {
+        let status = |failure: Option<RestoreFailure>, message: &str| PodRestoreStatus {
+            phase: Some(RestorePhase::Failed),
+            message: Some(message.into()),
+            failure,
+            ..Default::default()
+        };
+        let fetch_a = status(
+            Some(RestoreFailure::FetchFailed),
+            "cold start: store: timeout",
         );
-        assert_eq!(
-            failure_signature("incompatible checkpoint: declared.engine: v1 vs v2"),
-            "restore: incompatible checkpoint"
+        let fetch_b = status(
+            Some(RestoreFailure::FetchFailed),
+            "cold start: s3: 503 slow down",
         );
-        assert_eq!(failure_signature(""), "restore: unknown");
-        assert_eq!(failure_signature(&"x".repeat(200)).len(), 80);
+        let key = status(
+            Some(RestoreFailure::KeyUnavailable),
+            "cold start: store: timeout",
+        );
+        assert_eq!(failure_signature(Some(&fetch_a)), "restore: FetchFailed");
+        assert_eq!(
+            failure_signature(Some(&fetch_a)),
+            failure_signature(Some(&fetch_b))
+        );
+        assert_ne!(
+            failure_signature(Some(&fetch_a)),
+            failure_signature(Some(&key))
+        );
+        let old_a = status(None, "cold start: fetch failed: boom");
+        let old_b = status(None, "incompatible checkpoint: declared.engine: v1 vs v2");
+        assert_eq!(failure_signature(Some(&old_a)), "restore: Unknown");
+        assert_eq!(
+            failure_signature(Some(&old_a)),
+            failure_signature(Some(&old_b))
+        );
+        assert_eq!(failure_signature(None), "restore: Unknown");
+
+        let id = CheckpointId::from_parts(1_700_000_000_000, 1);
+        let mut l = record_of_a("prod").lineage;
+        l.record_restore_failure(&id, &failure_signature(Some(&fetch_a)));
+        l.record_restore_failure(&id, &failure_signature(Some(&key)));
+        assert!(!l.bad.contains(&id), "two different causes");
+        l.record_restore_failure(&id, &failure_signature(Some(&fetch_b)));
+        assert!(
+            l.bad.contains(&id),
+            "the same cause twice, worded differently"
+        );
     }
 
     /// The holder of the stand-in records: pod `p` (UID `uid-1`) registered by the controller.
@@ -2607,7 +2651,7 @@ mod tests {
         let mut c: PodCheckpoint = serde_json::from_value(json!({
             "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
             "metadata": {"name": "c", "namespace": "n",
-                         "annotations": {LINEAGE_ANNOTATION: "l.1", GENERATION_ANNOTATION: "2"}},
+                         "annotations": {names::LINEAGE: "l.1", names::GENERATION: "2"}},
             "spec": {"sourcePodName": "p"}
         }))
         .unwrap();

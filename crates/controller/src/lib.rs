@@ -17,7 +17,6 @@ pub mod app;
 pub mod broker;
 pub mod cluster_key;
 pub mod controller;
-pub mod keys;
 pub mod leader;
 pub mod metrics;
 pub mod record;
@@ -26,8 +25,6 @@ pub mod server;
 pub mod telemetry;
 pub mod wait;
 pub mod webhook;
-
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Everything that can go wrong in a reconcile or an admission.
 #[derive(Debug, thiserror::Error)]
@@ -81,12 +78,12 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Now, in Unix milliseconds.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+pub use stasis_core::time::now_ms;
+
+/// The one name the admin server reads under this module's old name; every other name is in
+/// [`stasis_api::names`].
+pub mod keys {
+    pub use stasis_api::names::DECISION_REPORTED as REPORTED_ANNOTATION;
 }
 
 /// A Kubernetes time in Unix milliseconds (0 before the epoch).

@@ -19,16 +19,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
-use stasis_api::lineage::{
-    record_name, HOLDER_UID_LABEL, RECORD_ID_ANNOTATION, RECORD_KEY, RECORD_LABEL,
-    RECORD_NAMESPACE_LABEL,
-};
+use stasis_api::lineage::{record_name, RECORD_KEY};
+use stasis_api::names;
 use stasis_core::lineage::Lineage;
 use stasis_core::reference::WorkloadName;
 
-use crate::keys::{
-    short_hash, HOLDER_KEY, MANAGED_BY, NAMESPACE_ANNOTATION, WORKLOAD_ANNOTATION, WORKLOAD_LABEL,
-};
 use crate::{Error, Result};
 
 /// Who holds a lineage, as the controller knows it.
@@ -64,12 +59,18 @@ pub struct Record {
     pub holder: Option<Holder>,
     pub resource_version: Option<String>,
     /// When the lineage was last orphaned or released (Unix ms; ConfigMap annotation
-    /// [`ORPHANED_ANNOTATION`]): the sweep deletes an empty lineage a while after it.
+    /// [`names::ORPHANED_SINCE`]): the sweep deletes an empty lineage a while after it.
     pub orphaned_unix_ms: Option<u64>,
 }
 
-/// Annotation on a lineage record ConfigMap: when the lineage was last orphaned (Unix ms).
-pub const ORPHANED_ANNOTATION: &str = "stasis.dev/orphaned-since";
+/// Data key of the holder (who holds the lineage, since when, the restore decided for it) in a
+/// lineage record's ConfigMap.
+pub const HOLDER_KEY: &str = "holder.json";
+
+/// Label value form of a long key: the first 16 hex digits of its BLAKE3 hash.
+pub fn short_hash(s: &str) -> String {
+    blake3::hash(s.as_bytes()).to_hex()[..16].to_owned()
+}
 
 impl Record {
     /// A record not stored yet.
@@ -97,16 +98,19 @@ impl Record {
         }
         let workload = self.lineage.workload.as_str();
         let mut labels = BTreeMap::from([
-            (RECORD_LABEL.to_owned(), "true".to_owned()),
-            (WORKLOAD_LABEL.to_owned(), short_hash(workload)),
-            (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+            (names::LINEAGE_RECORD.to_owned(), "true".to_owned()),
+            (names::WORKLOAD.to_owned(), short_hash(workload)),
+            (
+                names::MANAGED_BY.0.to_owned(),
+                names::MANAGED_BY.1.to_owned(),
+            ),
             // A namespace name is a valid label value (≤ 63, DNS label).
-            (RECORD_NAMESPACE_LABEL.to_owned(), self.namespace.clone()),
+            (names::NAMESPACE.to_owned(), self.namespace.clone()),
         ]);
         // What the agents stamp a pod's checkpoints from: only a registered holder (a UID the
         // controller saw on the pod itself) has one.
         if let Some(uid) = self.holder_uid() {
-            labels.insert(HOLDER_UID_LABEL.to_owned(), uid.to_owned());
+            labels.insert(names::HOLDER_UID.to_owned(), uid.to_owned());
         }
         Ok(ConfigMap {
             metadata: ObjectMeta {
@@ -116,16 +120,16 @@ impl Record {
                 annotations: Some(
                     [
                         (
-                            RECORD_ID_ANNOTATION.to_owned(),
+                            names::LINEAGE.to_owned(),
                             self.lineage.id.as_str().to_owned(),
                         ),
-                        (WORKLOAD_ANNOTATION.to_owned(), workload.to_owned()),
-                        (NAMESPACE_ANNOTATION.to_owned(), self.namespace.clone()),
+                        (names::WORKLOAD.to_owned(), workload.to_owned()),
+                        (names::NAMESPACE.to_owned(), self.namespace.clone()),
                     ]
                     .into_iter()
                     .chain(
                         self.orphaned_unix_ms
-                            .map(|t| (ORPHANED_ANNOTATION.to_owned(), t.to_string())),
+                            .map(|t| (names::ORPHANED_SINCE.to_owned(), t.to_string())),
                     )
                     .collect(),
                 ),
@@ -159,7 +163,7 @@ impl Record {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(NAMESPACE_ANNOTATION))
+            .and_then(|a| a.get(names::NAMESPACE))
             .cloned()
             .unwrap_or_else(|| {
                 // `<ns>_<kind>_<name>...`: the namespace is the key's first part.
@@ -175,7 +179,7 @@ impl Record {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(ORPHANED_ANNOTATION))
+            .and_then(|a| a.get(names::ORPHANED_SINCE))
             .and_then(|t| t.parse().ok());
         Ok(Self {
             namespace,
@@ -249,7 +253,9 @@ impl Records {
     /// How many records a workload namespace has.
     pub async fn count_in(&self, namespace: &str) -> Result<usize> {
         let lp = ListParams::default().labels(&format!(
-            "{RECORD_LABEL}=true,{RECORD_NAMESPACE_LABEL}={namespace}"
+            "{}=true,{}={namespace}",
+            names::LINEAGE_RECORD,
+            names::NAMESPACE
         ));
         Ok(self.api.list_metadata(&lp).await?.items.len())
     }
@@ -287,7 +293,9 @@ impl Records {
     /// Every lineage record of a workload.
     pub async fn of_workload(&self, workload: &WorkloadName) -> Result<Vec<Record>> {
         let lp = ListParams::default().labels(&format!(
-            "{RECORD_LABEL}=true,{WORKLOAD_LABEL}={}",
+            "{}=true,{}={}",
+            names::LINEAGE_RECORD,
+            names::WORKLOAD,
             short_hash(workload.as_str())
         ));
         let list = self.api.list(&lp).await?;
@@ -301,7 +309,7 @@ impl Records {
 
     /// Every lineage record.
     pub async fn all(&self) -> Result<Vec<Record>> {
-        let lp = ListParams::default().labels(&format!("{RECORD_LABEL}=true"));
+        let lp = ListParams::default().labels(&format!("{}=true", names::LINEAGE_RECORD));
         Ok(Self::parse(self.api.list(&lp).await?.items))
     }
 
@@ -466,8 +474,8 @@ mod tests {
             Some(&*record_name("prod_deploy_counter.3f2a9c10"))
         );
         let labels = cm.metadata.labels.clone().unwrap();
-        assert_eq!(labels[RECORD_LABEL], "true");
-        assert_eq!(labels[WORKLOAD_LABEL].len(), 16);
+        assert_eq!(labels[names::LINEAGE_RECORD], "true");
+        assert_eq!(labels[names::WORKLOAD].len(), 16);
         // The agents read lineage.json as a plain Lineage.
         let l: Lineage = serde_json::from_str(&cm.data.as_ref().unwrap()[RECORD_KEY]).unwrap();
         assert_eq!(l, r.lineage);
@@ -521,8 +529,8 @@ mod tests {
         assert!(!r.registrable_by("prod", "bbbbbbbb"));
         let cm = r.to_config_map().unwrap();
         let labels = cm.metadata.labels.unwrap();
-        assert_eq!(labels[RECORD_NAMESPACE_LABEL], "prod");
-        assert!(!labels.contains_key(HOLDER_UID_LABEL));
+        assert_eq!(labels[names::NAMESPACE], "prod");
+        assert!(!labels.contains_key(names::HOLDER_UID));
         r.holder.as_mut().unwrap().uid = Some("u-1".into());
         assert!(!r.registrable_by("prod", "aaaaaaaa"));
         assert!(r.held_by("prod", "u-1"));
@@ -530,7 +538,7 @@ mod tests {
         assert!(!r.held_by("prod", "u-2"));
         assert!(!r.held_by("prod", ""));
         let labels = r.to_config_map().unwrap().metadata.labels.unwrap();
-        assert_eq!(labels[HOLDER_UID_LABEL], "u-1");
+        assert_eq!(labels[names::HOLDER_UID], "u-1");
     }
 
     #[test]

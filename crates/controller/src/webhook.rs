@@ -26,17 +26,16 @@ use kube::api::{Api, ApiResource, ListParams, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::{Client, ResourceExt};
-use stasis_api::lineage::{declared, GENERATION_ANNOTATION, LINEAGE_ANNOTATION};
+use stasis_api::lineage::declared_mismatches;
+use stasis_api::names;
 use stasis_api::{pod as podfacts, CheckpointPolicy, CheckpointReason, PodCheckpoint};
 use stasis_core::decision::{decide, Decision, LastExit, Requester, RestoreInputs};
-use stasis_core::fingerprint::Mismatch;
 use stasis_core::lineage::{claim, claim_wait, Lineage, RestoreChoice};
 use stasis_core::podspec::{unsafe_volumes, SpecHash};
 use stasis_core::reference::WorkloadName;
 use stasis_core::workload::{check_owner, OwnerFacts, ReplicaSetOwner, WorkloadIdentity};
 
 use crate::admission::{patch, requester_without_review, Mutation, RestoreMutation, WaitConfig};
-use crate::keys::*;
 use crate::metrics::Metrics;
 use crate::record::{refresh, Holder, HolderState, Record, Records};
 use crate::schedule::{policy_for, CheckpointView};
@@ -146,8 +145,8 @@ async fn mutate(
     let mut m = Mutation::default();
     let cold = |m: &mut Mutation, label: &str, why: String| {
         m.annotations
-            .insert(DECISION_ANNOTATION.into(), "ColdStart".into());
-        m.annotations.insert(DECISION_REASON_ANNOTATION.into(), why);
+            .insert(names::DECISION.into(), "ColdStart".into());
+        m.annotations.insert(names::DECISION_REASON.into(), why);
         hook.metrics.admitted("ColdStart", label);
     };
     // The owners the pod names must exist with those UIDs: otherwise nothing is claimed or
@@ -212,15 +211,12 @@ async fn mutate(
         final_wait,
     )
     .await?;
-    m.labels
-        .insert(CLAIM_TOKEN_ANNOTATION.into(), token.clone());
-    m.annotations.insert(CLAIM_TOKEN_ANNOTATION.into(), token);
-    m.annotations.insert(
-        LINEAGE_ANNOTATION.into(),
-        outcome.lineage.as_str().to_owned(),
-    );
+    m.labels.insert(names::CLAIM_TOKEN.into(), token.clone());
+    m.annotations.insert(names::CLAIM_TOKEN.into(), token);
     m.annotations
-        .insert(GENERATION_ANNOTATION.into(), outcome.generation.to_string());
+        .insert(names::LINEAGE.into(), outcome.lineage.as_str().to_owned());
+    m.annotations
+        .insert(names::GENERATION.into(), outcome.generation.to_string());
     match outcome.decision {
         Decision::Restore {
             lineage,
@@ -231,9 +227,8 @@ async fn mutate(
             tracing::info!(namespace = %ns, workload = %workload, checkpoint = %reference, "restore decided");
             hook.metrics.admitted("Restore", "Restore");
             m.annotations
-                .insert(DECISION_ANNOTATION.into(), "Restore".into());
-            m.annotations
-                .insert(RESTORE_FROM_ANNOTATION.into(), reference);
+                .insert(names::DECISION.into(), "Restore".into());
+            m.annotations.insert(names::RESTORE_FROM.into(), reference);
             let node_requirements = node_requirements(&hook.client, outcome.checkpoint_node).await;
             m.restore = Some(RestoreMutation {
                 node_requirements,
@@ -379,11 +374,11 @@ async fn may_restore(
 /// Node labels a restoring pod needs: an agent ready to restore, the checkpointing node's CPU
 /// architecture and GPU driver branch (when that node is still known).
 async fn node_requirements(client: &Client, node: Option<String>) -> Vec<(String, Vec<String>)> {
-    let mut reqs = vec![(READY_NODE_LABEL.to_owned(), vec!["true".to_owned()])];
+    let mut reqs = vec![(names::node::READY.to_owned(), vec!["true".to_owned()])];
     let Some(node) = node else { return reqs };
     if let Ok(Some(n)) = Api::<Node>::all(client.clone()).get_opt(&node).await {
         let labels = n.labels();
-        for key in [ARCH_LABEL, GPU_DRIVER_BRANCH_LABEL] {
+        for key in [names::node::CPU_ARCH, names::node::GPU_DRIVER_BRANCH] {
             if let Some(v) = labels.get(key) {
                 reqs.push((key.to_owned(), vec![v.clone()]));
             }
@@ -413,7 +408,7 @@ pub fn holder_state(
     let token = record.lineage.holder.as_deref().unwrap_or_default();
     let want_uid = holder.and_then(|h| h.uid.as_deref());
     let pod = pods.iter().find(|p| {
-        p.labels().get(CLAIM_TOKEN_ANNOTATION).map(String::as_str) == Some(token)
+        p.labels().get(names::CLAIM_TOKEN).map(String::as_str) == Some(token)
             && want_uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
     });
     let Some(pod) = pod else {
@@ -465,23 +460,8 @@ pub fn checkpoint_pod_uid(c: &PodCheckpoint) -> Option<String> {
     c.spec
         .source_pod_uid
         .clone()
-        .or_else(|| c.labels().get(POD_UID_LABEL).cloned())
+        .or_else(|| c.labels().get(names::POD_UID).cloned())
         .or_else(|| c.status.as_ref().and_then(|s| s.source_pod_uid.clone()))
-}
-
-/// Declared versions that differ between the source pod and the new one.
-pub fn declared_mismatches(source: &Pod, pod: &Pod) -> Vec<Mismatch> {
-    let a = declared(source.labels(), source.annotations());
-    let b = declared(pod.labels(), pod.annotations());
-    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    keys.into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| Mismatch {
-            field: format!("declared.{k}"),
-            recorded: a.get(k).cloned().unwrap_or_else(|| "(none)".into()),
-            found: b.get(k).cloned().unwrap_or_else(|| "(none)".into()),
-        })
-        .collect()
 }
 
 /// Claims a lineage for `token` (waiting, within `final_wait`, for a source's in-flight final
@@ -517,7 +497,7 @@ async fn claim_and_decide(
             if r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none() {
                 continue;
             }
-            let lp = ListParams::default().labels(&format!("{CLAIM_TOKEN_ANNOTATION}={token}"));
+            let lp = ListParams::default().labels(&format!("{}={token}", names::CLAIM_TOKEN));
             let pods = pods_api.list(&lp).await?.items;
             let (state, holder_pod) =
                 holder_state(r, &pods, &checkpoints, policy.spec.on_termination);
@@ -656,7 +636,7 @@ mod tests {
     fn holder_states() {
         let r = record_held_by("tok", Some("u1"));
         let running = pod(json!({
-            "metadata": {"name": "c-1", "uid": "u1", "labels": {CLAIM_TOKEN_ANNOTATION: "tok"}},
+            "metadata": {"name": "c-1", "uid": "u1", "labels": {names::CLAIM_TOKEN: "tok"}},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
         }));
         assert_eq!(
@@ -715,25 +695,6 @@ mod tests {
         let mut failed = running;
         failed.status.as_mut().unwrap().phase = Some("Failed".into());
         assert_eq!(holder_state(&r, &[failed], &[], true).0, HolderState::Ended);
-    }
-
-    #[test]
-    fn declared_version_mismatches() {
-        let a =
-            pod(json!({"metadata": {"labels": {"declare.stasis.dev/engine": "v1", "app": "x"}}}));
-        let b =
-            pod(json!({"metadata": {"labels": {"declare.stasis.dev/engine": "v2", "app": "x"}}}));
-        let m = declared_mismatches(&a, &b);
-        assert_eq!(m.len(), 1);
-        assert_eq!(
-            (
-                m[0].field.as_str(),
-                m[0].recorded.as_str(),
-                m[0].found.as_str()
-            ),
-            ("declared.engine", "v1", "v2")
-        );
-        assert!(declared_mismatches(&a, &a).is_empty());
     }
 
     #[test]
@@ -875,7 +836,7 @@ mod tests {
         // decoder takes that as well as base64).
         let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
         let patch: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!(patch[0]["value"][DECISION_ANNOTATION], "ColdStart");
+        assert_eq!(patch[0]["value"][names::DECISION], "ColdStart");
     }
 
     type Writes = Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
@@ -981,7 +942,7 @@ mod tests {
             "spec": {"selector": {"matchLabels": {"app": "counter"}}, "interval": "10s"}
         });
         let node = json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "worker-1", "labels": {ARCH_LABEL: "amd64", READY_NODE_LABEL: "true"}}});
+            "metadata": {"name": "worker-1", "labels": {names::node::CPU_ARCH: "amd64", names::node::READY: "true"}}});
         let (client, writes) = routed_client(vec![
             (
                 "GET",
@@ -1043,18 +1004,21 @@ mod tests {
         )
         .unwrap();
         let ann = &patched["metadata"]["annotations"];
-        assert_eq!(ann[DECISION_ANNOTATION], "Restore", "{ann}");
-        assert_eq!(ann[RESTORE_FROM_ANNOTATION], reference.as_str());
-        assert_eq!(ann[LINEAGE_ANNOTATION], lineage.id.as_str());
-        assert_eq!(ann[GENERATION_ANNOTATION], "2");
-        let token = ann[CLAIM_TOKEN_ANNOTATION].as_str().unwrap();
-        assert_eq!(patched["metadata"]["labels"][CLAIM_TOKEN_ANNOTATION], token);
-        assert_eq!(patched["spec"]["initContainers"][0]["name"], WAIT_CONTAINER);
+        assert_eq!(ann[names::DECISION], "Restore", "{ann}");
+        assert_eq!(ann[names::RESTORE_FROM], reference.as_str());
+        assert_eq!(ann[names::LINEAGE], lineage.id.as_str());
+        assert_eq!(ann[names::GENERATION], "2");
+        let token = ann[names::CLAIM_TOKEN].as_str().unwrap();
+        assert_eq!(patched["metadata"]["labels"][names::CLAIM_TOKEN], token);
+        assert_eq!(
+            patched["spec"]["initContainers"][0]["name"],
+            stasis_api::pod::RESTORE_WAIT_CONTAINER
+        );
         let exprs = &patched["spec"]["affinity"]["nodeAffinity"]
             ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
             ["matchExpressions"];
-        assert_eq!(exprs[0]["key"], READY_NODE_LABEL);
-        assert_eq!(exprs[1]["key"], ARCH_LABEL);
+        assert_eq!(exprs[0]["key"], names::node::READY);
+        assert_eq!(exprs[1]["key"], names::node::CPU_ARCH);
         assert_eq!(exprs[1]["values"][0], "amd64");
         // One write: the record, replaced at the version read, claimed by the new token at
         // generation 2, with the decided restore and its source.
@@ -1189,11 +1153,11 @@ mod tests {
             .await;
             let doc = patched(&out, &pod);
             let ann = &doc["metadata"]["annotations"];
-            assert_eq!(ann[DECISION_ANNOTATION], "ColdStart", "{rs}: {doc}");
-            let reason = ann[DECISION_REASON_ANNOTATION].as_str().unwrap();
+            assert_eq!(ann[names::DECISION], "ColdStart", "{rs}: {doc}");
+            let reason = ann[names::DECISION_REASON].as_str().unwrap();
             assert!(reason.contains(why), "{rs}: {reason}");
-            assert!(ann.get(LINEAGE_ANNOTATION).is_none(), "{rs}: {ann}");
-            assert!(ann.get(CLAIM_TOKEN_ANNOTATION).is_none(), "{rs}: {ann}");
+            assert!(ann.get(names::LINEAGE).is_none(), "{rs}: {ann}");
+            assert!(ann.get(names::CLAIM_TOKEN).is_none(), "{rs}: {ann}");
             assert!(writes.lock().unwrap().is_empty(), "{rs}: nothing written");
             assert!(hook.metrics.encode().contains("UnverifiedOwner"));
         }
@@ -1208,13 +1172,13 @@ mod tests {
         )
         .await;
         let doc = patched(&out, &pod);
-        let lineage = doc["metadata"]["annotations"][LINEAGE_ANNOTATION]
+        let lineage = doc["metadata"]["annotations"][names::LINEAGE]
             .as_str()
             .unwrap();
         assert!(lineage.starts_with("prod_rs_web-zz9_"), "{lineage}");
         let writes = writes.lock().unwrap().clone();
         assert_eq!(writes.len(), 1);
-        assert!(writes[0].2["metadata"]["annotations"][WORKLOAD_ANNOTATION]
+        assert!(writes[0].2["metadata"]["annotations"][names::WORKLOAD]
             .as_str()
             .unwrap()
             .starts_with("prod_rs_web-zz9_"));
@@ -1228,7 +1192,7 @@ mod tests {
         )
         .await;
         let doc = patched(&out, &pod);
-        assert!(doc["metadata"]["annotations"][LINEAGE_ANNOTATION]
+        assert!(doc["metadata"]["annotations"][names::LINEAGE]
             .as_str()
             .unwrap()
             .starts_with("prod_deploy_web."));

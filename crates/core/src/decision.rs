@@ -26,11 +26,9 @@ use std::fmt;
 
 use crate::fingerprint::Mismatch;
 use crate::lineage::{Claim, RestoreChoice};
+use crate::names::COLD_START;
 use crate::podspec::SpecHash;
 use crate::reference::{CheckpointId, WorkloadName};
-
-/// Pod annotation that forces a cold start when set to `"true"`.
-pub const COLD_START_ANNOTATION: &str = "stasis.dev/cold-start";
 
 /// The built-in controllers that create the pods of each controlling owner kind: the kind and
 /// the controller's service account in `kube-system` (kube-controller-manager with
@@ -183,7 +181,7 @@ impl ColdStartReason {
 impl fmt::Display for ColdStartReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Requested => write!(f, "cold start requested by annotation {COLD_START_ANNOTATION}=true"),
+            Self::Requested => write!(f, "cold start requested by annotation {COLD_START}=true"),
             Self::NoPolicy => write!(f, "no CheckpointPolicy selects this pod"),
             Self::NotPermitted { user } => write!(
                 f,

@@ -9,7 +9,10 @@
 //!   fencing, [`policy`] math, the [`podspec`] hash and the restore [`decision`];
 //! - triggers: the [`memory`] trigger's arithmetic and the automatic [`interval`] (Young/Daly).
 //!
-//! Everything here is pure: the engine and the CLI gather facts from the machine and hand them in.
+//! - [`names`]: every `stasis.dev/*` label and annotation key and every condition reason.
+//!
+//! Everything here is pure (but [`time::now_ms`], the one clock): the engine and the CLI gather
+//! facts from the machine and hand them in.
 
 pub mod advise;
 pub mod decision;
@@ -18,6 +21,7 @@ pub mod gpu;
 pub mod interval;
 pub mod lineage;
 pub mod manifest;
+pub mod names;
 pub mod memory;
 pub mod notice;
 pub mod podspec;

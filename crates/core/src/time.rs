@@ -1,5 +1,16 @@
 //! UTC calendar arithmetic (H. Hinnant's civil-date algorithms), so that checkpoint ids, runc's
-//! timestamps and log lines are read and written in one place without a date library.
+//! timestamps and log lines are read and written in one place without a date library; and the
+//! project's one wall clock, [`now_ms`].
+
+/// Now, in Unix milliseconds (0 on a clock set before 1970). The one read of the wall clock in
+/// core, so that every process stamps times the same way; the decisions take times as
+/// arguments and stay pure.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
 
 /// Unix seconds to the UTC calendar: (year, month, day, hour, minute, second).
 pub fn civil_from_unix(secs: i64) -> (i64, u32, u32, u32, u32, u32) {

@@ -18,10 +18,10 @@ pub use stasis_node_api::cri::{
     classify, ContainerKind, CONTAINER_NAME, CONTAINER_TYPE, POD_NAME, POD_NAMESPACE, POD_UID,
 };
 
-/// A pod annotation that forces a cold start (containerd passes pod annotations into the
+/// The pod annotation that forces a cold start (containerd passes pod annotations into the
 /// container's OCI annotations when the runtime handler lists them in `pod_annotations`; the
 /// chart registers `stasis` with `pod_annotations = ["stasis.dev/*"]`).
-pub const FORCE_COLD_START: &str = "stasis.dev/cold-start";
+pub use stasis_core::names::COLD_START;
 
 #[derive(Debug, Deserialize)]
 struct Config {
@@ -126,7 +126,7 @@ pub fn parse(dir: &Path, raw: &[u8]) -> Result<Bundle, serde_json::Error> {
 
 /// Whether the pod asks for a cold start.
 pub fn forces_cold_start(a: &BTreeMap<String, String>) -> bool {
-    a.get(FORCE_COLD_START)
+    a.get(COLD_START)
         .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
 }
 

@@ -36,7 +36,7 @@ pub fn precheck(
             ColdStartCause::Forced,
             format!(
                 "the pod asks for a cold start ({})",
-                crate::bundle::FORCE_COLD_START
+                crate::bundle::COLD_START
             ),
         );
     }

@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -47,9 +46,7 @@ pub fn line(json: bool, level: Level, msg: &str, unix_secs: i64) -> String {
 /// what the wrapper does).
 pub fn append(log: Option<&str>, json: bool, level: Level, msg: &str) {
     let Some(path) = log else { return };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let now = (stasis_core::time::now_ms() / 1000) as i64;
     let mut l = line(json, level, &format!("stasis-runc: {msg}"), now);
     l.push('\n');
     if let Ok(mut f) = std::fs::OpenOptions::new()

@@ -13,9 +13,10 @@ use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use stasis_core::time::now_ms;
 use stasis_engine::image::ImageDir;
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::{
@@ -40,12 +41,6 @@ pub struct RestoredMarker {
     /// runc's `--root` of the restore: `start` must come with the same one.
     pub root: Option<String>,
     pub restored_at_unix_ms: u64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Finds the real runc: `STASIS_REAL_RUNC`, else `/usr/sbin/runc`, else `runc` on `PATH` —
