@@ -18,15 +18,14 @@
 //! the second checkpoint wrote relative to the first, and the peak RSS of this process during
 //! each stasis phase (reset through `/proc/self/clear_refs` before each).
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use stasis_core::{
-    CheckpointId, Manifest, Requirements, Source, StoreStats, Timings, WorkloadName, SCHEMA_VERSION,
-};
+#[path = "common/mod.rs"]
+mod common;
+use common::draft;
 use stasis_store::{Key, NoProgress, Store};
 
 struct Args {
@@ -122,31 +121,6 @@ fn fill_random(path: &Path, size: u64, seed: u64, offset: u64) {
         f.write_all_at(&buf[..n], offset + done)
             .expect("write image");
         done += n as u64;
-    }
-}
-
-fn draft() -> Manifest {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let id = CheckpointId::from_parts(now, rand::random());
-    Manifest {
-        schema_version: SCHEMA_VERSION,
-        workload: WorkloadName::new("bench").unwrap(),
-        created_at: id.created_rfc3339(),
-        id,
-        key_id: String::new(),
-        source: Source::Process { pid: 1 },
-        leave_running: true,
-        requirements: Requirements::default(),
-        processes: vec![],
-        rootfs: None,
-        timings: Timings::default(),
-        stats: StoreStats::default(),
-        files: vec![],
-        gpu_processes: 0,
-        labels: BTreeMap::new(),
     }
 }
 

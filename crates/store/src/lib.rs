@@ -82,20 +82,34 @@
 //! tokio's blocking pool (at most `cpu_workers` at once), and up to `concurrency` chunks are in
 //! flight (uploading included), so memory stays bounded (about
 //! `(concurrency + 4) × 2 × 4 MiB + chunkers × 16 MiB` at worst) whatever the image size.
-//! Get: `concurrency` chunk downloads in flight, each decrypted, decompressed, verified and written
-//! with a positioned write into the pre-sized file.
+//! Get: `concurrency` chunk downloads in flight, each streamed into a recycled aligned buffer,
+//! then decrypted, decompressed, verified and written with a positioned write into the
+//! pre-sized file, while the other downloads go on (no chunk waits for another).
+//!
+//! ## Node chunk cache
+//!
+//! A [`ChunkCache`] attached with [`Store::with_cache`] holds chunk objects as the store has
+//! them (encrypted), bounded by size, least recently used first, in a directory shared by every
+//! restore on the node. Restores read it first and authenticate what they read like anything
+//! fetched (a cached object that fails is removed and fetched again); they cache what they
+//! fetch, and puts cache what they write, so a restore on the node that checkpointed (a restart
+//! in place) needs no fetch and no plaintext image kept on the node.
 //!
 //! The library never starts a tokio runtime: call it from one (multi-threaded for
 //! `spawn_blocking` to overlap with I/O; a current-thread runtime works too).
 
+pub mod cache;
 pub mod chunk;
 pub mod envelope;
 pub mod error;
 pub mod key;
 mod local;
 pub mod progress;
+#[doc(hidden)]
+pub mod profile;
 mod store;
 
+pub use cache::{CacheStats, ChunkCache};
 pub use error::{Result, StoreError};
 pub use key::Key;
 pub use progress::{NoProgress, Progress};

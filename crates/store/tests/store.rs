@@ -1,15 +1,15 @@
 //! Store behaviour against a real `file://` backend in a temporary directory.
 
-use std::collections::BTreeMap;
+#[path = "common/draft.rs"]
+mod shared;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use stasis_core::{
-    CheckpointId, CheckpointRef, Manifest, Requirements, Selector, Source, StoreStats, Timings,
-    WorkloadName, SCHEMA_VERSION,
-};
+use shared::pseudo_random;
+use stasis_core::{CheckpointId, CheckpointRef, Manifest, Selector, WorkloadName};
 use stasis_store::{Key, NoProgress, Store, StoreError};
 
 static CLOCK: AtomicU64 = AtomicU64::new(0);
@@ -38,37 +38,7 @@ fn rand_u32() -> u32 {
 }
 
 fn draft(workload: &str) -> Manifest {
-    let id = next_id();
-    Manifest {
-        schema_version: SCHEMA_VERSION,
-        workload: WorkloadName::new(workload).unwrap(),
-        created_at: id.created_rfc3339(),
-        id,
-        key_id: String::new(),
-        source: Source::Process { pid: 42 },
-        leave_running: true,
-        requirements: Requirements::default(),
-        processes: vec![],
-        rootfs: None,
-        timings: Timings::default(),
-        stats: StoreStats::default(),
-        files: vec![],
-        gpu_processes: 0,
-        labels: BTreeMap::new(),
-    }
-}
-
-fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(n + 8);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
+    shared::draft_with_id(workload, next_id())
 }
 
 fn write(dir: &Path, rel: &str, data: &[u8], mode: u32) {

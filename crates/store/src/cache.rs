@@ -1,0 +1,345 @@
+//! A node-local cache of chunk objects, shared by every restore on the node.
+//!
+//! It holds the store's chunk objects exactly as the store has them: compressed and encrypted
+//! under the checkpoint's key, so nothing in it is plaintext and a reader without the key learns
+//! no more than from the bucket. A restore reads a chunk from the cache first and authenticates
+//! it like one from the store (AES-GCM, then the keyed hash against its id); a cached object
+//! that fails is removed and the chunk fetched from the store instead. The cache is therefore
+//! never trusted, only used: a damaged or stale entry costs a fetch, not a wrong restore.
+//!
+//! Layout: `<dir>/<key id>/<first 2 hex of id>/<chunk id>`, written like the local store's
+//! chunks (`O_DIRECT` where the filesystem allows it, a staging file renamed into place, so a
+//! reader never sees half an object). The directory is mode `0700`.
+//!
+//! Bounded by size, least recently used first: an index of the entries (size, last use) is
+//! built from the directory when the cache is opened (last use from each file's modification
+//! time, which a hit refreshes), so the order survives a restart; every insertion that takes the
+//! total above the bound removes the least recently used entries until it fits. Processes that
+//! share the directory each keep their own index: the bound is kept by each of them for what it
+//! sees, and an entry another removed is a miss, never an error.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use crate::chunk::ChunkBuf;
+use crate::error::{Result, StoreError};
+use crate::local::{DirectIo, Fetched};
+
+/// What the cache has done since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CacheStats {
+    /// Bytes of the entries in the index.
+    pub bytes: u64,
+    pub entries: u64,
+    /// Chunks a restore read from the cache and that authenticated.
+    pub hits: u64,
+    /// Chunks looked up and not found, or found and refused.
+    pub misses: u64,
+    pub inserted: u64,
+    /// Entries removed to stay within the bound.
+    pub evicted: u64,
+    /// Cached objects that failed authentication and were removed.
+    pub corrupt: u64,
+}
+
+struct Entry {
+    size: u64,
+    tick: u64,
+}
+
+#[derive(Default)]
+struct Index {
+    entries: HashMap<String, Entry>,
+    /// Last use → entry, oldest first.
+    order: BTreeMap<u64, String>,
+    tick: u64,
+    stats: CacheStats,
+}
+
+impl Index {
+    fn touch(&mut self, rel: &str) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(e) = self.entries.get_mut(rel) {
+            self.order.remove(&e.tick);
+            e.tick = tick;
+            self.order.insert(tick, rel.to_owned());
+        }
+    }
+
+    fn add(&mut self, rel: &str, size: u64) {
+        self.forget(rel);
+        self.tick += 1;
+        self.entries.insert(
+            rel.to_owned(),
+            Entry {
+                size,
+                tick: self.tick,
+            },
+        );
+        self.order.insert(self.tick, rel.to_owned());
+        self.stats.bytes += size;
+        self.stats.entries += 1;
+    }
+
+    fn forget(&mut self, rel: &str) -> bool {
+        match self.entries.remove(rel) {
+            Some(e) => {
+                self.order.remove(&e.tick);
+                self.stats.bytes -= e.size;
+                self.stats.entries -= 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The least recently used entry, removed from the index.
+    fn pop_oldest(&mut self) -> Option<String> {
+        let (_, rel) = self.order.pop_first()?;
+        if let Some(e) = self.entries.remove(&rel) {
+            self.stats.bytes -= e.size;
+            self.stats.entries -= 1;
+        }
+        Some(rel)
+    }
+}
+
+/// A bounded, node-local cache of encrypted chunk objects. See the module docs.
+pub struct ChunkCache {
+    dir: PathBuf,
+    io: DirectIo,
+    max_bytes: u64,
+    index: Mutex<Index>,
+}
+
+impl std::fmt::Debug for ChunkCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkCache")
+            .field("dir", &self.dir)
+            .field("max_bytes", &self.max_bytes)
+            .finish()
+    }
+}
+
+fn is_hex_id(s: &str) -> bool {
+    s.len() >= 16 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The entry of a chunk, or `None` for names that are not ids (never a path outside the cache).
+fn rel(key_id: &str, id: &str) -> Option<String> {
+    (is_hex_id(key_id) && is_hex_id(id)).then(|| format!("{key_id}/{}/{id}", &id[..2]))
+}
+
+impl ChunkCache {
+    /// Opens (creating it, mode `0700`) the cache in `dir`, bounded to `max_bytes`, and indexes
+    /// what is there: staging files of interrupted writes are removed, and entries beyond the
+    /// bound (a smaller bound than last time) are evicted oldest first.
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<ChunkCache> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| StoreError::io(dir, e))?;
+        let mut found = Vec::new();
+        scan(dir, &mut found);
+        found.sort_by_key(|(_, _, modified)| *modified);
+        let mut index = Index::default();
+        for (rel, size, _) in found {
+            index.add(&rel, size);
+        }
+        let cache = ChunkCache {
+            dir: dir.to_owned(),
+            io: DirectIo::new(dir.to_owned()),
+            max_bytes,
+            index: Mutex::new(index),
+        };
+        cache.evict();
+        Ok(cache)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        self.lock().stats
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the index has the chunk (it may still have been removed by another process).
+    pub fn contains(&self, key_id: &str, id: &str) -> bool {
+        rel(key_id, id).is_some_and(|r| self.lock().entries.contains_key(&r))
+    }
+
+    /// The cached object of a chunk, at most `limit` bytes; `None` when absent (or unreadable,
+    /// or larger than `limit`: such an entry is removed). Blocking.
+    pub(crate) fn get(&self, key_id: &str, id: &str, limit: u64) -> Option<ChunkBuf> {
+        let rel = rel(key_id, id)?;
+        let found = match self.io.get(&rel, limit) {
+            Ok(Fetched::Data(b)) => Some(b),
+            Ok(Fetched::Missing) => None,
+            Ok(Fetched::TooLarge(size)) => {
+                tracing::warn!(entry = %rel, size, limit, "cached chunk object larger than its chunk can be; removing it");
+                self.remove(&rel);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(entry = %rel, error = %e, "cannot read a cached chunk; fetching it from the store");
+                None
+            }
+        };
+        let mut ix = self.lock();
+        match &found {
+            Some(b) => {
+                ix.stats.hits += 1;
+                if !ix.entries.contains_key(&rel) {
+                    // Put there by another process sharing the directory.
+                    ix.add(&rel, b.len() as u64);
+                }
+                ix.touch(&rel);
+                drop(ix);
+                // The order survives a restart through the file's modification time.
+                let _ = std::fs::File::options()
+                    .write(true)
+                    .open(self.dir.join(&rel))
+                    .and_then(|f| f.set_modified(SystemTime::now()));
+            }
+            None => {
+                ix.stats.misses += 1;
+                ix.forget(&rel);
+            }
+        }
+        found
+    }
+
+    /// Stores a chunk object (as the store has it: encrypted). A failure to write is logged and
+    /// otherwise ignored: the cache only saves fetches. Blocking.
+    pub(crate) fn insert(&self, key_id: &str, id: &str, obj: &mut ChunkBuf) {
+        let Some(rel) = rel(key_id, id) else {
+            return;
+        };
+        let size = obj.len() as u64;
+        if size > self.max_bytes {
+            return;
+        }
+        // A direct write pads the buffer to the block size; the caller decodes it afterwards.
+        let r = self.io.put(&rel, obj);
+        obj.truncate(size as usize);
+        if let Err(e) = r {
+            tracing::warn!(entry = %rel, error = %e, "cannot write to the chunk cache");
+            return;
+        }
+        {
+            let mut ix = self.lock();
+            ix.add(&rel, size);
+            ix.stats.inserted += 1;
+        }
+        self.evict();
+    }
+
+    /// Removes a cached object that [`ChunkCache::get`] returned and that failed
+    /// authentication: it counts as a miss, not a hit.
+    pub(crate) fn refuse(&self, key_id: &str, id: &str) {
+        if let Some(rel) = rel(key_id, id) {
+            self.remove(&rel);
+            let mut ix = self.lock();
+            ix.stats.corrupt += 1;
+            ix.stats.hits = ix.stats.hits.saturating_sub(1);
+            ix.stats.misses += 1;
+        }
+    }
+
+    /// Removes a chunk's entry (one just inserted that turned out not to be the chunk).
+    pub(crate) fn remove_chunk(&self, key_id: &str, id: &str) {
+        if let Some(rel) = rel(key_id, id) {
+            self.remove(&rel);
+        }
+    }
+
+    fn remove(&self, rel: &str) {
+        self.lock().forget(rel);
+        let _ = std::fs::remove_file(self.dir.join(rel));
+    }
+
+    /// Removes least recently used entries until the total fits the bound.
+    fn evict(&self) {
+        loop {
+            let victim = {
+                let mut ix = self.lock();
+                if ix.stats.bytes <= self.max_bytes {
+                    return;
+                }
+                let v = ix.pop_oldest();
+                if v.is_some() {
+                    ix.stats.evicted += 1;
+                }
+                v
+            };
+            match victim {
+                Some(rel) => {
+                    let _ = std::fs::remove_file(self.dir.join(rel));
+                }
+                None => return,
+            }
+        }
+    }
+}
+
+/// A staging file this old is a leftover of a writer that died, not a write in progress.
+const STAGING_LEFTOVER: Duration = Duration::from_secs(600);
+
+/// Entries under `dir` (`<key>/<fan-out>/<id>`) as (relative path, size, modified); staging
+/// files (`<id>#<digits>`) left by dead writers are removed.
+fn scan(dir: &Path, out: &mut Vec<(String, u64, SystemTime)>) {
+    let Ok(keys) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for k in keys.flatten() {
+        let Ok(fans) = std::fs::read_dir(k.path()) else {
+            continue;
+        };
+        for f in fans.flatten() {
+            let Ok(objs) = std::fs::read_dir(f.path()) else {
+                continue;
+            };
+            for o in objs.flatten() {
+                let name = o.file_name();
+                let (Some(kn), Some(fname), Some(oname)) = (
+                    k.file_name().to_str().map(str::to_owned),
+                    f.file_name().to_str().map(str::to_owned),
+                    name.to_str(),
+                ) else {
+                    continue;
+                };
+                let Ok(meta) = o.metadata() else {
+                    continue;
+                };
+                if oname.contains('#') {
+                    // Another process may be writing it right now: only old ones are leftovers.
+                    let old = meta
+                        .modified()
+                        .ok()
+                        .and_then(|m| m.elapsed().ok())
+                        .is_some_and(|age| age > STAGING_LEFTOVER);
+                    if old {
+                        let _ = std::fs::remove_file(o.path());
+                    }
+                    continue;
+                }
+                if meta.is_file() {
+                    let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    out.push((format!("{kn}/{fname}/{oname}"), meta.len(), modified));
+                }
+            }
+        }
+    }
+}
