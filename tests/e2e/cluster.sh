@@ -6,23 +6,11 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER=$REPO/scripts/cluster
-PASSED=0 FAILED=0
-T_START=$(date +%s)
-
-pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
-fail() { FAILED=$((FAILED + 1)); echo "not ok - $1${2:+: $2}"; }
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name"; fi; }
-finish() {
-  echo "e2e cluster: $(( $(date +%s) - T_START )) s"
-  echo "$PASSED passed, $FAILED failed"
-  [ "$FAILED" -eq 0 ]
-  exit $?
-}
-secs() { local a=$1; awk -v a="$a" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
-retry() { # timeout-seconds command...
-  local end=$(( $(date +%s) + $1 )); shift
-  until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done
-}
+# shellcheck disable=SC2034 # (lib.sh uses it)
+WORK=$(mktemp -d /tmp/stasis-e2e-cluster.XXXXXX)
+# shellcheck source=tests/e2e/lib.sh
+. "$REPO/tests/e2e/lib.sh"
+e2e_begin cluster
 
 # ------------------------------------------------------------------ up
 t=$(date +%s.%N)
@@ -39,11 +27,7 @@ check "worker-1 Ready" node_ready worker-1 True
 check "worker-2 Ready" node_ready worker-2 True
 
 NS=e2e-cluster
-kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null 2>&1
-kubectl create namespace "$NS" >/dev/null
-# Pods of a new namespace are refused until the controller-manager has created its "default"
-# ServiceAccount ("error looking up service account"): wait for it (a race seen in CI runs).
-for _ in $(seq 150); do kubectl -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+new_ns "$NS"
 kubectl -n "$NS" create secret generic stasis-s3 --from-env-file <("$CLUSTER" env | sed 's/^export //') >/dev/null
 kubectl -n "$NS" apply -f - >/dev/null <<'EOF'
 apiVersion: apps/v1
@@ -242,7 +226,7 @@ check "down leaves no processes, zombies, mounts, namespaces, cgroups, bridge or
 # a port in use
 python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 9000)); s.listen(); time.sleep(120)' &
 LPID=$!
-sleep 1
+wait_for 10 "the test's listener on port 9000" bash -c "ss -Hltn 'sport = :9000' | grep -q ."
 out=$("$CLUSTER" up 2>&1); rc=$?
 kill $LPID 2>/dev/null; wait $LPID 2>/dev/null
 check "up with port 9000 in use fails" test $rc -ne 0

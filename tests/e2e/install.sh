@@ -8,30 +8,13 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER=$REPO/scripts/cluster
-PASSED=0 FAILED=0 SKIPPED=0
-T_START=$(date +%s)
+# shellcheck disable=SC2034 # (lib.sh uses it)
+WORK=$(mktemp -d /tmp/stasis-e2e-install.XXXXXX)
 NS=e2e-install
 SNS=stasis-system
-
-pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
-fail() { FAILED=$((FAILED + 1)); echo "not ok - $1${2:+: $2}"; }
-skip() { SKIPPED=$((SKIPPED + 1)); echo "skip - $1: $2"; }
-check() { local name=$1; shift; if "$@" >/dev/null; then pass "$name"; else fail "$name"; fi; }
-finish() {
-  if [ -z "${STASIS_E2E_KEEP_CLUSTER:-}" ]; then
-    "$CLUSTER" down >/dev/null 2>&1 || echo "# warning: scripts/cluster down failed"
-  fi
-  echo "e2e install: $(( $(date +%s) - T_START )) s"
-  [ "$SKIPPED" -eq 0 ] || echo "$SKIPPED skipped (reasons above)"
-  echo "$PASSED passed, $FAILED failed"
-  [ "$FAILED" -eq 0 ]
-  exit $?
-}
-secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
-retry() { # timeout-seconds command...
-  local end=$(( $(date +%s) + $1 )); shift
-  until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done
-}
+# shellcheck source=tests/e2e/lib.sh
+. "$REPO/tests/e2e/lib.sh"
+e2e_begin install
 
 # ------------------------------------------------------------------ up, install
 t=$(date +%s.%N)
@@ -96,8 +79,7 @@ else
 fi
 
 # ------------------------------------------------------------------ a pod of the RuntimeClass
-kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null 2>&1
-kubectl create namespace "$NS" >/dev/null
+new_ns "$NS"
 if [ $AGENT_REAL = 1 ]; then
   check "the agents label their nodes stasis.dev/ready=true" retry 60 bash -c \
     "test \"\$(kubectl get nodes -l stasis.dev/ready=true -o name | wc -l)\" -ge 2"
