@@ -266,6 +266,96 @@ pub fn measured_costs<'a>(
     v.into_iter().map(|(_, m)| m).collect()
 }
 
+/// Most pods listed in `status.autoIntervals`.
+pub const MAX_AUTO_STATUSES: usize = 20;
+
+/// Whether a checkpoint is of pod `uid` (`spec.sourcePodUID`, else the agent's status).
+fn of_pod(c: &crate::PodCheckpoint, uid: &str) -> bool {
+    c.spec
+        .source_pod_uid
+        .as_deref()
+        .or_else(|| c.status.as_ref()?.source_pod_uid.as_deref())
+        == Some(uid)
+}
+
+fn choice<'a>(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    checkpoints: impl IntoIterator<Item = &'a crate::PodCheckpoint>,
+    log: &stasis_core::interval::EvictionLog,
+    max_freeze_fraction: f64,
+    now_unix_ms: u64,
+) -> Option<stasis_core::interval::Choice> {
+    let node = pod.spec.as_ref()?.node_name.as_deref()?;
+    let pool = log.pool_of(node)?.clone();
+    let uid = pod.metadata.uid.as_deref()?;
+    let measured = measured_costs(checkpoints.into_iter().filter(|c| of_pod(c, uid)));
+    Some(log.choose(&pool, &measured, max_freeze_fraction, now_unix_ms))
+}
+
+/// `interval: auto` for one running pod: notes it on its node in `log` (so that its end counts
+/// in that node's pool) and chooses its interval from its checkpoints (any of the namespace's:
+/// only the pod's own count). `None` while its node's pool is not noted (the caller reads the
+/// Node and notes it first) or it has no node.
+pub fn choose_auto<'a>(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    checkpoints: impl IntoIterator<Item = &'a crate::PodCheckpoint>,
+    log: &mut stasis_core::interval::EvictionLog,
+    max_freeze_fraction: f64,
+    now_unix_ms: u64,
+) -> Option<stasis_core::interval::Choice> {
+    if let (Some(uid), Some(node)) = (
+        pod.metadata.uid.as_deref(),
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+    ) {
+        log.note_pod(uid, node);
+    }
+    choice(pod, checkpoints, log, max_freeze_fraction, now_unix_ms)
+}
+
+/// The `status.autoIntervals` of a policy with `interval: auto`: its running pods of
+/// `runtime_class` it selects, by name, at most [`MAX_AUTO_STATUSES`], whose node's pool is known.
+pub fn auto_statuses<'a>(
+    policy: &CheckpointPolicy,
+    pods: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Pod>,
+    checkpoints: &[&crate::PodCheckpoint],
+    runtime_class: &str,
+    log: &stasis_core::interval::EvictionLog,
+    now_unix_ms: u64,
+) -> Vec<AutoIntervalStatus> {
+    use kube::core::SelectorExt;
+    let Ok(selector) = kube::core::Selector::try_from(policy.spec.selector.clone()) else {
+        return Vec::new();
+    };
+    let mut selected: Vec<&k8s_openapi::api::core::v1::Pod> = pods
+        .into_iter()
+        .filter(|p| p.metadata.namespace == policy.metadata.namespace)
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.runtime_class_name.as_deref())
+                == Some(runtime_class)
+        })
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter(|p| selector.matches(p.metadata.labels.as_ref().unwrap_or(&Default::default())))
+        .collect();
+    selected.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    selected
+        .into_iter()
+        .filter_map(|p| {
+            let c = choice(
+                p,
+                checkpoints.iter().copied(),
+                log,
+                policy.spec.freeze_fraction(),
+                now_unix_ms,
+            )?;
+            Some(AutoIntervalStatus::of(p.metadata.name.as_deref()?, &c))
+        })
+        .take(MAX_AUTO_STATUSES)
+        .collect()
+}
+
 impl CheckpointPolicySpec {
     /// The interval, checked by stasis-core's rule: a duration, or `auto`.
     pub fn interval(
@@ -312,6 +402,53 @@ mod tests {
         assert_eq!(m.len(), 2);
         assert_eq!((m[0].freeze_ms, m[0].upload_ms), (10, 100));
         assert_eq!((m[1].freeze_ms, m[1].upload_ms), (30, 300));
+    }
+
+    fn pod(name: &str, node: &str, app: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                         "labels": {"app": app}},
+            "spec": {"nodeName": node, "runtimeClassName": "stasis",
+                     "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pods_auto_interval_and_the_policys_status() {
+        let policy: CheckpointPolicy = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "CheckpointPolicy",
+            "metadata": {"name": "auto", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "train"}}, "interval": "auto"}
+        }))
+        .unwrap();
+        let (a, b, other) = (
+            pod("a", "n1", "train"),
+            pod("b", "n2", "train"),
+            pod("c", "n1", "x"),
+        );
+        let ck: crate::PodCheckpoint = serde_json::from_value(json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": "a-1", "namespace": "ml"},
+            "spec": {"sourcePodName": "a", "sourcePodUID": "uid-a"},
+            "status": {"phase": "Succeeded", "startTime": "2026-12-01T10:00:00Z",
+                       "freezeMillis": 200, "uploadMillis": 800}
+        }))
+        .unwrap();
+        let mut log = stasis_core::interval::EvictionLog::new(0);
+        // n1's pool not noted yet: nothing chosen, but the pod is noted on its node.
+        assert!(choose_auto(&a, [&ck], &mut log, 0.5, 1_000).is_none());
+        log.note_node("n1", stasis_core::interval::NodePool::of_labels([]));
+        let c = choose_auto(&a, [&ck], &mut log, 0.5, 60_000).unwrap();
+        assert!(c.auto.measured);
+        assert_eq!(c.auto.cost, std::time::Duration::from_secs(1));
+        // b's node has no known pool, c is not selected: only a is listed.
+        let st = auto_statuses(&policy, [&b, &other, &a], &[&ck], "stasis", &log, 60_000);
+        assert_eq!(st.len(), 1);
+        assert_eq!((st[0].pod.as_str(), st[0].cost_millis), ("a", 1_000));
+        // a's end counts in n1's pool.
+        assert!(log.record_end("uid-a", 61_000));
     }
 
     #[test]
