@@ -257,15 +257,11 @@ fn a_refused_or_failed_restore_leaves_nothing_and_cites_a_log_that_exists() {
     w.start_bundle("b7-a", &bundle);
     checkpoint(&w, "b7-a", &[]).expect_ok("checkpoint");
 
-    let small = w.path("bundle-small");
-    let st = Command::new(repo().join("scripts/make-bundle"))
-        .args(["--memory", "8"])
-        .arg(&small)
-        .arg("STATE_MB=32")
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let small = bundle::make_bundle_with(
+        &["--memory", "8"],
+        &w.path("bundle-small"),
+        &["STATE_MB=32"],
+    );
     let err = restore_into(&w, &small, "b7-small", &[]).expect_err("restore into 8 MiB");
     assert!(
         err.contains("memory limit") && err.contains("8.0 MiB"),

@@ -21,20 +21,15 @@ const STREAM_PORT: u16 = 9002;
 
 /// A bundle whose container gets a network namespace of its own.
 fn netns_bundle(w: &World, name: &str) -> PathBuf {
-    let b = w.path(name);
-    let st = Command::new(repo().join("scripts/make-bundle"))
-        .arg("--netns")
-        .arg(&b)
-        .args([
+    bundle::make_bundle_with(
+        &["--netns"],
+        &w.path(name),
+        &[
             "STATE_MB=16",
             &format!("LISTEN_PORT={LINE_PORT}"),
             &format!("STREAM_PORT={STREAM_PORT}"),
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(st.success(), "make-bundle failed");
-    b
+        ],
+    )
 }
 
 /// Runs `f` on a thread inside the network namespace of `pid` (sockets it makes stay there).

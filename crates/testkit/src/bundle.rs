@@ -6,7 +6,13 @@ use std::process::Command;
 /// A fresh counter bundle at `dest` (`scripts/make-bundle dest env...`: host network, the
 /// rootfs copied from the counter image, the image digest annotation).
 pub fn make_bundle(dest: &Path, env: &[&str]) -> PathBuf {
+    make_bundle_with(&[], dest, env)
+}
+
+/// [`make_bundle`] with make-bundle's `options` (`--netns`, `--memory <MiB>`).
+pub fn make_bundle_with(options: &[&str], dest: &Path, env: &[&str]) -> PathBuf {
     let out = Command::new(crate::repo().join("scripts/make-bundle"))
+        .args(options)
         .arg(dest)
         .args(env)
         .output()

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 // (each test binary includes this module and uses some of it)
 #[allow(unused_imports)]
-pub use stasis_testkit::{counter::count_of, repo, Overlay};
+pub use stasis_testkit::{bundle, counter::count_of, repo, Overlay};
 use stasis_testkit::{Requirements, RuncRoot};
 
 pub const STASIS: &str = env!("CARGO_BIN_EXE_stasis");
