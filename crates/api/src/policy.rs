@@ -269,13 +269,28 @@ pub fn measured_costs<'a>(
 /// Most pods listed in `status.autoIntervals`.
 pub const MAX_AUTO_STATUSES: usize = 20;
 
-/// Whether a checkpoint is of pod `uid` (`spec.sourcePodUID`, else the agent's status).
-fn of_pod(c: &crate::PodCheckpoint, uid: &str) -> bool {
-    c.spec
+/// Whether a checkpoint counts for a pod's cost: of its namespace, and of the pod itself
+/// (`spec.sourcePodUID`, else the agent's status) or of the lineage it continues (its
+/// `stasis.dev/lineage` annotation: a replacement's checkpoints cost what its predecessors' did).
+fn counts_for(c: &crate::PodCheckpoint, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    if c.metadata.namespace != pod.metadata.namespace {
+        return false;
+    }
+    let uid = pod.metadata.uid.as_deref();
+    let status = c.status.as_ref();
+    let source = c
+        .spec
         .source_pod_uid
         .as_deref()
-        .or_else(|| c.status.as_ref()?.source_pod_uid.as_deref())
-        == Some(uid)
+        .or_else(|| status?.source_pod_uid.as_deref());
+    let lineage = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::names::LINEAGE))
+        .map(String::as_str);
+    (uid.is_some() && source == uid)
+        || (lineage.is_some() && status.and_then(|s| s.lineage.as_deref()) == lineage)
 }
 
 fn choice<'a>(
@@ -287,14 +302,13 @@ fn choice<'a>(
 ) -> Option<stasis_core::interval::Choice> {
     let node = pod.spec.as_ref()?.node_name.as_deref()?;
     let pool = log.pool_of(node)?.clone();
-    let uid = pod.metadata.uid.as_deref()?;
-    let measured = measured_costs(checkpoints.into_iter().filter(|c| of_pod(c, uid)));
+    let measured = measured_costs(checkpoints.into_iter().filter(|c| counts_for(c, pod)));
     Some(log.choose(&pool, &measured, max_freeze_fraction, now_unix_ms))
 }
 
 /// `interval: auto` for one running pod: notes it on its node in `log` (so that its end counts
-/// in that node's pool) and chooses its interval from its checkpoints (any of the namespace's:
-/// only the pod's own count). `None` while its node's pool is not noted (the caller reads the
+/// in that node's pool) and chooses its interval from the costs of its own checkpoints and of
+/// its lineage's (`checkpoints` may hold any: only those count). `None` while its node's pool is not noted (the caller reads the
 /// Node and notes it first) or it has no node.
 pub fn choose_auto<'a>(
     pod: &k8s_openapi::api::core::v1::Pod,
@@ -449,6 +463,33 @@ mod tests {
         assert_eq!((st[0].pod.as_str(), st[0].cost_millis), ("a", 1_000));
         // a's end counts in n1's pool.
         assert!(log.record_end("uid-a", 61_000));
+        // Its replacement continues the lineage: the lineage's checkpoints give its cost.
+        let mut ck_l = ck.clone();
+        ck_l.status.as_mut().unwrap().lineage = Some("ml_deploy_train".into());
+        let mut a2 = pod("a2", "n1", "train");
+        a2.metadata.annotations = Some(
+            [(
+                crate::names::LINEAGE.to_owned(),
+                "ml_deploy_train".to_owned(),
+            )]
+            .into(),
+        );
+        let c = choose_auto(&a2, [&ck_l], &mut log, 0.5, 62_000).unwrap();
+        assert!(c.auto.measured, "the lineage's cost");
+        assert!(
+            !choose_auto(&pod("b2", "n1", "train"), [&ck_l], &mut log, 0.5, 62_000)
+                .unwrap()
+                .auto
+                .measured
+        );
+        // Another namespace's checkpoints never count.
+        ck_l.metadata.namespace = Some("other".into());
+        assert!(
+            !choose_auto(&a2, [&ck_l], &mut log, 0.5, 62_000)
+                .unwrap()
+                .auto
+                .measured
+        );
     }
 
     #[test]
