@@ -1,6 +1,6 @@
 //! stasis-controller: the cluster side of stasis (docs/design.md §13).
 //!
-//! - [`controller`]: heartbeat `PodCheckpoint`s per `CheckpointPolicy`, lineage bookkeeping
+//! - [`reconcile`]: heartbeat `PodCheckpoint`s per `CheckpointPolicy`, lineage bookkeeping
 //!   (holders, orphaning, in-flight final checkpoints, publishing with fencing), retention, the
 //!   restore-loop guard, `PodRestore`s and `ColdStart` Events for decisions made at admission,
 //!   policy status;
@@ -12,15 +12,17 @@
 //! - [`server`], [`metrics`]: `/metrics`, `/healthz`, the webhook's HTTPS listener;
 //! - [`wait`]: the injected init container's wait for the node agent.
 
-pub mod admission;
 pub mod app;
 pub mod broker;
 pub mod cluster_key;
-pub mod controller;
+pub mod holder;
+pub mod reconcile;
 pub mod leader;
 pub mod metrics;
 pub mod record;
 pub mod schedule;
+#[cfg(test)]
+mod testing;
 pub mod server;
 pub mod telemetry;
 pub mod wait;
@@ -79,6 +81,11 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub use stasis_core::time::now_ms;
+
+/// The reconcilers and the webhook's patch under the module names the service plumbing still
+/// uses.
+pub use reconcile as controller;
+pub use webhook::patch as admission;
 
 /// The one name the admin server reads under this module's old name; every other name is in
 /// [`stasis_api::names`].

@@ -1,5 +1,4 @@
-//! The webhook's pure parts: who is asking, and the JSONPatch that records a decision in the
-//! pod and, for a restore, makes the pod wait for its archive outside the CRI call path
+//! The webhook's pure part: the JSONPatch that records a decision in the pod and, for a restore, makes the pod wait for its archive outside the CRI call path
 //! (docs/design.md §13.3).
 
 use std::collections::BTreeMap;
@@ -12,27 +11,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
 use stasis_api::names;
-use stasis_core::decision::Requester;
-
-/// The kind of the pod's controlling owner, if any.
-pub fn controller_kind(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .map(|o| o.kind.as_str())
-}
-
-/// Classifies the requester without a SubjectAccessReview: `Some` when the answer does not
-/// depend on one (the workload's own controller), `None` when the restore permission must be
-/// asked for (then [`Requester::classify`] with the answer).
-pub fn requester_without_review(user: &str, pod: &Pod) -> Option<Requester> {
-    match Requester::classify(user, controller_kind(pod), false) {
-        Requester::WorkloadController => Some(Requester::WorkloadController),
-        Requester::Direct { .. } => None,
-    }
-}
 
 /// The only key of that domain a user may set on a pod: it can only force a cold start.
 pub const USER_KEYS: &[&str] = &[names::COLD_START];
@@ -295,31 +273,6 @@ mod tests {
             status_url: "http://stasis-controller.stasis-system.svc:8080".into(),
             timeout_seconds: 180,
         }
-    }
-
-    #[test]
-    fn requesters() {
-        let rs_pod = pod(json!({"metadata": {"ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "c-1", "uid": "u", "controller": true}
-        ]}, "spec": {"containers": []}}));
-        assert_eq!(
-            requester_without_review(
-                "system:serviceaccount:kube-system:replicaset-controller",
-                &rs_pod
-            ),
-            Some(Requester::WorkloadController)
-        );
-        // The wrong controller for the owner kind, a person, an operator: ask.
-        assert_eq!(
-            requester_without_review("system:serviceaccount:kube-system:job-controller", &rs_pod),
-            None
-        );
-        assert_eq!(requester_without_review("alice", &rs_pod), None);
-        let bare = pod(json!({"spec": {"containers": []}}));
-        assert_eq!(
-            requester_without_review("system:kube-controller-manager", &bare),
-            None
-        );
     }
 
     #[test]

@@ -1,0 +1,131 @@
+//! Heartbeat checkpoints: when a pod's next `PodCheckpoint` is due (the pure plan is in
+//! [`crate::schedule`]) and creating it.
+
+use super::*;
+
+/// The heartbeat of one running pod under its policy.
+pub(super) async fn heartbeat(
+    pod: &Pod,
+    policy: &CheckpointPolicy,
+    record: &Record,
+    ctx: &Context,
+) -> Result<Action> {
+    let Ok(interval) = policy.spec.heartbeat() else {
+        // The policy's status says why; look again when it changes.
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    };
+    let ns = pod.namespace().unwrap_or_default();
+    let uid = pod_uid(pod);
+    let mine: Vec<CheckpointView> = ctx
+        .checkpoints
+        .state()
+        .iter()
+        .filter(|c| {
+            c.namespace().as_deref() == Some(&ns) && checkpoint_pod_uid(c).as_deref() == Some(&uid)
+        })
+        .map(|c| CheckpointView::of(c))
+        .collect();
+    let now = now_ms();
+    let started = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .or(pod.metadata.creation_timestamp.as_ref())
+        .map_or(now, time_ms);
+    ctx.metrics.checkpoint_freshness(
+        &ns,
+        &pod.name_any(),
+        protected_since(&mine, started),
+        interval,
+    );
+    let probes = podfacts::liveness_probes(pod);
+    let last_skip = ctx.skips.lock().ok().and_then(|s| s.get(&uid).copied());
+    let inputs = HeartbeatInputs {
+        interval,
+        pod_started_unix_ms: started,
+        checkpoints: &mine,
+        last_skip_unix_ms: last_skip,
+        jitter_ms: jitter_ms(&uid, interval),
+        probes: &probes,
+        max_freeze_fraction: policy.spec.freeze_fraction(),
+        in_flight_timeout: ctx.cfg.in_flight_timeout,
+        now_unix_ms: now,
+    };
+    match next_heartbeat(&inputs) {
+        Next::InFlight => Ok(Action::requeue(interval.min(Duration::from_secs(60)))),
+        Next::NotDue { at_unix_ms } => Ok(Action::requeue(Duration::from_millis(at_unix_ms - now))),
+        Next::Skip { reason } => {
+            if let Ok(mut s) = ctx.skips.lock() {
+                s.insert(uid, now);
+            }
+            ctx.metrics
+                .checkpoints_skipped
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: reason::FREEZE_BUDGET_EXCEEDED.to_owned(),
+                })
+                .inc();
+            ctx.event(
+                &pod.object_ref(&()),
+                EventType::Warning,
+                "CheckpointSkipped",
+                reason,
+            )
+            .await;
+            Ok(Action::requeue(interval))
+        }
+        Next::Create { due_unix_ms } => {
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            let name = heartbeat_name(&pod.name_any(), due_unix_ms);
+            let mut labels = BTreeMap::from([
+                (names::POD_UID.to_owned(), uid.clone()),
+                (names::POLICY.to_owned(), policy.name_any()),
+                (
+                    names::MANAGED_BY.0.to_owned(),
+                    names::MANAGED_BY.1.to_owned(),
+                ),
+            ]);
+            if node.len() <= 63 {
+                labels.insert(names::NODE.to_owned(), node.clone());
+            }
+            let ck = PodCheckpoint {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(labels),
+                    annotations: Some(BTreeMap::from([
+                        (
+                            names::LINEAGE.to_owned(),
+                            record.lineage.id.as_str().to_owned(),
+                        ),
+                        (
+                            names::GENERATION.to_owned(),
+                            record.lineage.generation.to_string(),
+                        ),
+                    ])),
+                    ..Default::default()
+                },
+                spec: PodCheckpointSpec {
+                    source_pod_name: pod.name_any(),
+                    source_pod_uid: Some(uid),
+                    reason: CheckpointReason::Heartbeat,
+                    timeout_seconds: None,
+                },
+                status: None,
+            };
+            let api = Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns);
+            match api.create(&PostParams::default(), &ck).await {
+                Ok(_) => {
+                    ctx.metrics.checkpoints_scheduled.inc();
+                    tracing::info!(pod = %pod.name_any(), namespace = %ns, checkpoint = %name, node = %node, "heartbeat checkpoint requested");
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            Ok(Action::requeue(interval.min(Duration::from_secs(60))))
+        }
+    }
+}

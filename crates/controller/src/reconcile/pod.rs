@@ -1,0 +1,233 @@
+//! Pods: a stasis pod gets its holder registered, its admission decision reported, its lineage
+//! orphaned when it stops, and its heartbeat checkpoints; a pod without a lineage starts one.
+
+use super::*;
+
+pub(super) fn pod_uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+/// Pods: a stasis pod gets its holder registered, its admission decision materialised, its
+/// lineage orphaned when it stops, and its heartbeat checkpoints.
+pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
+    let class = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref());
+    if class != Some(ctx.cfg.runtime_class.as_str()) {
+        return Ok(Action::await_change());
+    }
+    ctx.metrics.reconciled("pods");
+    let ns = pod.namespace().unwrap_or_default();
+    let uid = pod_uid(&pod);
+    let token = pod.labels().get(names::CLAIM_TOKEN).cloned();
+    let policy = policy_for(
+        ctx.policies.state().iter().map(|p| p.as_ref()),
+        &ns,
+        pod.labels(),
+    )
+    .cloned();
+
+    if uid.is_empty() {
+        return Ok(Action::await_change());
+    }
+
+    // The pod's lineage record: the one of its namespace that names its UID as holder, else the
+    // one its claim token holds, which it then registers as the first pod seen with the token.
+    let mut record = ctx.record_of_holder(&ns, &uid);
+    if let (None, Some(t)) = (&record, token.as_deref()) {
+        let mut found = ctx.record_with_token(&ns, t);
+        if found.is_none() {
+            // The record cache may lag behind the webhook's write (two watch streams): ask the
+            // API server for the record the pod's lineage annotation names (only stasis sets
+            // it: the webhook strips it from what users send, the admission policy refuses it)
+            // before concluding the pod holds nothing. The token must still match below.
+            if let Some(lineage) = pod.annotations().get(names::LINEAGE) {
+                found = ctx
+                    .records
+                    .get(lineage)
+                    .await?
+                    .filter(|r| r.namespace == ns && r.lineage.holder.as_deref() == Some(t));
+            }
+        }
+        match found {
+            Some(r) if r.held_by(&ns, &uid) => record = Some(r),
+            Some(mut r) if r.registrable_by(&ns, t) => {
+                // Registration is a write at the version read: of two pods carrying the token,
+                // only the first one seen becomes the holder (the other meets a conflict, then
+                // a registered holder that is not itself).
+                let h = r.holder.get_or_insert_with(|| Holder {
+                    token: t.to_owned(),
+                    claimed_unix_ms: now_ms(),
+                    ..Default::default()
+                });
+                h.uid = Some(uid.clone());
+                h.pod = Some(pod.name_any());
+                record = Some(ctx.records.save(&r).await?);
+            }
+            Some(r) if r.holder_uid().is_some() => return impostor(&pod, &r, &ctx).await,
+            // A released claim (its pod appeared too late): the pod holds nothing; below it
+            // starts its own lineage like a pod the webhook never saw.
+            _ => {}
+        }
+    }
+
+    // A decision made at admission becomes a PodRestore (restore) or an Event (cold start),
+    // only for the registered holder and only from what its record says.
+    let annotations = pod.annotations();
+    let restore_decided = record
+        .as_ref()
+        .and_then(|r| r.holder.as_ref())
+        .is_some_and(|h| h.restore.is_some());
+    if (annotations.contains_key(names::DECISION) || restore_decided)
+        && !annotations.contains_key(names::DECISION_REPORTED)
+    {
+        report_decision(&pod, record.as_ref(), &ctx).await?;
+    }
+
+    // A stopping or ended pod orphans its lineage (and its final checkpoint is waited for).
+    if let Some(r) = record.as_mut() {
+        let on_termination = policy.as_ref().is_none_or(|p| p.spec.on_termination);
+        let checkpoints: Vec<PodCheckpoint> = ctx
+            .checkpoints
+            .state()
+            .iter()
+            .map(|c| (**c).clone())
+            .collect();
+        let (state, _) = holder_state(r, std::slice::from_ref(&*pod), &checkpoints, on_termination);
+        if refresh(
+            r,
+            &state,
+            now_ms(),
+            ctx.cfg.phantom_after.as_millis() as u64,
+        ) {
+            *r = ctx.records.save(r).await?;
+        }
+    }
+
+    let Some(policy) = policy else {
+        return Ok(Action::await_change());
+    };
+    if eligible(&pod, &ctx.cfg.runtime_class).is_err() {
+        return Ok(Action::await_change());
+    }
+    // A running pod the webhook never saw (installed later, or the webhook was down): its own
+    // new lineage, held by its UID.
+    let record = match record {
+        Some(r) if r.lineage.orphaned => return Ok(Action::await_change()),
+        Some(r) => r,
+        None => match start_lineage(&pod, &ctx).await {
+            Ok(r) => r,
+            Err(Error::RecordCap { namespace, cap }) => {
+                tracing::warn!(pod = %pod.name_any(), %namespace, cap, "no new lineage: the namespace has the most lineage records allowed");
+                ctx.event(
+                    &pod.object_ref(&()),
+                    EventType::Warning,
+                    "CheckpointSkipped",
+                    format!("no checkpoints for this pod: namespace {namespace} already has {cap} lineage records, the most stasis keeps per namespace"),
+                )
+                .await;
+                return Ok(Action::requeue(Duration::from_secs(600)));
+            }
+            Err(Error::UnverifiedIdentity(reason)) => {
+                tracing::warn!(pod = %pod.name_any(), namespace = %ns, %reason, "no new lineage: the pod's owners could not be verified");
+                ctx.event(
+                    &pod.object_ref(&()),
+                    EventType::Warning,
+                    "CheckpointSkipped",
+                    format!("no checkpoints for this pod: {reason}"),
+                )
+                .await;
+                return Ok(Action::requeue(Duration::from_secs(600)));
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    heartbeat(&pod, &policy, &record, &ctx).await
+}
+
+/// A pod that carries the claim token of a lineage whose registered holder is another pod (a
+/// copied label): it holds nothing. It gets a Warning Event once (then the decision is marked
+/// reported, so its wait container, if any, stops waiting), never a `PodRestore`, and the
+/// real holder's lineage is left alone.
+pub(super) async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Action> {
+    if pod.annotations().contains_key(names::DECISION_REPORTED) {
+        return Ok(Action::await_change());
+    }
+    let ns = pod.namespace().unwrap_or_default();
+    let holder = r
+        .holder
+        .as_ref()
+        .and_then(|h| h.pod.clone())
+        .unwrap_or_default();
+    ctx.metrics.refused("ClaimTokenCopied");
+    tracing::warn!(pod = %pod.name_any(), namespace = %ns, holder = %holder, lineage = %r.lineage.id, "a pod carries another pod's claim token: ignored");
+    ctx.event(
+        &pod.object_ref(&()),
+        EventType::Warning,
+        "ClaimRefused",
+        format!(
+            "label {} of this pod is the claim of pod {holder}: this pod holds no lineage, is not restored and gets no checkpoints",
+            names::CLAIM_TOKEN
+        ),
+    )
+    .await;
+    let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
+    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(Action::await_change())
+}
+
+/// A new lineage for a running pod without one; the pod is labelled and annotated with it.
+pub(super) async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
+    let ns = pod.namespace().unwrap_or_default();
+    let uid = pod_uid(pod);
+    // Owners verified by UID, as at admission: a guess from names would let a user's
+    // ReplicaSet `web-zz9` start a lineage of Deployment `web`, which web's replacements could
+    // then claim (docs/design.md §10.2).
+    let workload = match crate::webhook::verified_identity(&ctx.client, &ns, pod).await? {
+        Ok(identity) => identity.key(),
+        Err((_, reason)) => return Err(Error::UnverifiedIdentity(reason)),
+    };
+    let existing: Vec<Lineage> = ctx
+        .all_records()
+        .into_iter()
+        .filter(|r| r.lineage.workload == workload)
+        .map(|r| r.lineage)
+        .collect();
+    let lineage = Lineage::start(&workload, &uid, &existing);
+    let record = Record::new(
+        &ns,
+        lineage,
+        Some(Holder {
+            token: uid.clone(),
+            claimed_unix_ms: now_ms(),
+            pod: Some(pod.name_any()),
+            uid: Some(uid.clone()),
+            ..Default::default()
+        }),
+    );
+    let record = ctx.records.save(&record).await?;
+    let patch = json!({"metadata": {
+        "labels": {names::CLAIM_TOKEN: uid},
+        "annotations": {
+            names::CLAIM_TOKEN: uid,
+            names::LINEAGE: record.lineage.id.as_str(),
+            names::GENERATION: record.lineage.generation.to_string(),
+        }
+    }});
+    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    tracing::info!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, "new lineage for a pod admitted without the webhook");
+    Ok(record)
+}

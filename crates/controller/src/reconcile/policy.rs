@@ -1,0 +1,65 @@
+//! `CheckpointPolicy` status: `Ready` (`Active`) or refused (`InvalidSpec`).
+
+use super::*;
+
+/// `CheckpointPolicy` status: `Ready` (`Active`) or refused (`InvalidSpec`), with the number of
+/// selected stasis pods.
+pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciled("policies");
+    let ns = p.namespace().unwrap_or_default();
+    let mut status: CheckpointPolicyStatus = p.status.clone().unwrap_or_default();
+    let generation = p.metadata.generation;
+    let now = k8s_time(now_ms());
+    let problem = p.spec.heartbeat().err().map(|e| e.to_string()).or_else(|| {
+        let max_age = p.spec.retention.max_age.as_deref()?;
+        parse_duration(max_age)
+            .err()
+            .map(|e| format!("retention.maxAge: {e}"))
+    });
+    match &problem {
+        Some(why) => set_condition(
+            &mut status.conditions,
+            condition::READY,
+            false,
+            reason::INVALID_SPEC,
+            why.clone(),
+            generation,
+            now,
+        ),
+        None => set_condition(
+            &mut status.conditions,
+            condition::READY,
+            true,
+            reason::ACTIVE,
+            format!("heartbeat every {}", p.spec.interval),
+            generation,
+            now,
+        ),
+    }
+    let selected = ctx
+        .pods
+        .state()
+        .iter()
+        .filter(|pod| {
+            pod.namespace().as_deref() == Some(&ns)
+                && pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.runtime_class_name.as_deref())
+                    == Some(ctx.cfg.runtime_class.as_str())
+                && crate::schedule::selects(&p.spec.selector, pod.labels())
+        })
+        .count();
+    status.selected_pods = Some(selected as i32);
+    status.observed_generation = generation;
+    if Some(&status) != p.status.as_ref() {
+        Api::<CheckpointPolicy>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(
+                &p.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
