@@ -154,6 +154,7 @@ jq -n --argjson mem "$mem" --argjson bs "$bare_shm_ms" --argjson bd "$bare_disk_
   "| store stages, one core: chunk / hash / encode / decode | \(.store.one_core_gbs.chunk) / \(.store.one_core_gbs.hash) / \(.store.one_core_gbs.encode) / \(.store.one_core_gbs.decode) GB/s | | |",
   "| put to S3 | \(.store.stasis_put_gbs) GB/s | \(.store.plain_put_gbs) GB/s plain parallel PUT (\(.store.concurrency) in flight) | \(.store.stasis_put_gbs / .store.plain_put_gbs | r2) |",
   "| get from S3 | \(.store.stasis_get_gbs) GB/s | \(.store.plain_get_gbs) GB/s plain parallel GET | \(.store.stasis_get_gbs / .store.plain_get_gbs | r2) |",
+  "| client CPU seconds per GB read: stasis get (fetch, decode, write) / plain GET (fetch) | \(.store.cpu_s_per_gb.stasis_get | r2) s | \(.store.cpu_s_per_gb.plain_get | r2) s | |",
   "| get filling the node cache / from the cache | \(.store.cache.get_filling_gbs) / \(.store.cache.get_from_cache_gbs) GB/s | | |",
   "| restore to running (S3, scratch on tmpfs) | \(.restore.stasis_ms) ms (fetch \(.restore.stasis.fetch_ms), runc restore \(.restore.stasis.restore_ms)) | \(.restore.bare_runc_tmpfs_ms) ms bare runc restore from tmpfs | \(.restore.ratio_to_bare | r2) |",
   "| restore vs first-touch floor | \(.restore.stasis_ms) ms | \(.floors_ms.first_touch) ms | \(.restore.stasis_ms / .floors_ms.first_touch | r2) |",

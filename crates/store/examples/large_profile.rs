@@ -77,6 +77,20 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// CPU seconds (user + system) this process has used, from /proc/self/stat.
+fn cpu_secs() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let f: Vec<f64> = s
+        .rsplit_once(')')
+        .map(|x| x.1)
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // after the command: state(0) ... utime(11) stime(12), in clock ticks (100 per second)
+    f.get(11).zip(f.get(12)).map_or(0.0, |(u, s)| (u + s) / 100.0)
+}
+
 fn gbs(bytes: u64, secs: f64) -> f64 {
     (bytes as f64 / secs / 1e9 * 100.0).round() / 100.0
 }
@@ -174,7 +188,7 @@ fn main() {
     let objects: Vec<ObjPath> = rt
         .block_on(raw.list(Some(&prefix)).map_ok(|m| m.location).try_collect())
         .expect("list");
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_secs());
     let got: u64 = rt
         .block_on(
             futures::stream::iter(objects)
@@ -194,6 +208,7 @@ fn main() {
         )
         .expect("plain get");
     let plain_get = t.elapsed().as_secs_f64();
+    let plain_get_cpu = cpu_secs() - cpu;
 
     let get_into = |store: &Store, dir: &Path| -> f64 {
         let _ = std::fs::remove_dir_all(dir);
@@ -205,7 +220,9 @@ fn main() {
         let _ = std::fs::remove_dir_all(dir);
         s
     };
+    let cpu = cpu_secs();
     let get = get_into(&store, &a.restore_dir);
+    let get_cpu = cpu_secs() - cpu;
 
     let mut cached = serde_json::Value::Null;
     if let Some(dir) = &a.cache_dir {
@@ -239,6 +256,10 @@ fn main() {
         "plain_get_s": plain_get, "plain_get_gbs": gbs(got, plain_get), "plain_get_bytes": got,
         "stasis_get_s": get, "stasis_get_gbs": gbs(total, get),
         "get_vs_plain_get": (plain_get / get * 100.0).round() / 100.0,
+        "cpu_s_per_gb": {
+            "plain_get": plain_get_cpu / (got as f64 / 1e9),
+            "stasis_get": get_cpu / (total as f64 / 1e9),
+        },
         "cache": cached,
     });
     println!("{out}");

@@ -172,14 +172,14 @@ impl Store {
     /// else from the store (caching it on the way).
     async fn restore_chunk(&self, key: &Key, c: &ChunkRef, t: Target) -> Result<()> {
         let limit = chunk::max_object_len(c.len as usize);
-        if let Some(cache) = &self.cache {
+        if let Some(cache) = self.cache() {
             let (cache, kid, id) = (cache.clone(), key.id().to_owned(), c.id.clone());
             if let Some(obj) = blocking(move || cache.get(&kid, &id, limit)).await? {
                 match self.decode_write(key, c, obj, &t, false).await? {
                     Ok(()) => return Ok(()),
                     Err(reason) => {
                         tracing::warn!(chunk = %c.id, %reason, "a cached chunk failed authentication; removed from the cache, fetching it from the store");
-                        if let Some(cache) = &self.cache {
+                        if let Some(cache) = self.cache() {
                             cache.refuse(key.id(), &c.id);
                         }
                     }
@@ -264,7 +264,7 @@ impl Store {
             .acquire_owned()
             .await
             .map_err(|e| StoreError::Internal(e.to_string()))?;
-        let cache = self.cache.clone().filter(|_| fill);
+        let cache = self.cache().cloned().filter(|_| fill);
         let (key, id, len) = (key.clone(), c.id.clone(), c.len as usize);
         let (handle, off, dest) = (t.handle.clone(), t.off, t.dest.clone());
         blocking(move || {

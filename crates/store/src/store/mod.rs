@@ -124,8 +124,9 @@ pub struct Store {
     local_root: Option<PathBuf>,
     /// An `s3://` store opened without credentials in the environment: backend errors say so.
     no_credentials: bool,
-    /// The node's chunk cache: restores read it first and fill it, puts fill it.
-    cache: Option<Arc<ChunkCache>>,
+    /// The node's chunk cache: restores read it first and fill it, puts fill it. Set once
+    /// (a store shared behind an `Arc` gets it after it was opened).
+    cache: std::sync::OnceLock<Arc<ChunkCache>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -289,7 +290,7 @@ impl Store {
             direct: None,
             local_root: None,
             no_credentials: false,
-            cache: None,
+            cache: std::sync::OnceLock::new(),
         }
     }
 
@@ -306,13 +307,19 @@ impl Store {
     /// objects first (authenticated like fetched ones; one that fails is removed and fetched)
     /// and caches what it fetches; a put caches the chunks it writes, so a restore on the node
     /// that checkpointed finds them without the store.
-    pub fn with_cache(mut self, cache: Arc<ChunkCache>) -> Self {
-        self.cache = Some(cache);
+    pub fn with_cache(self, cache: Arc<ChunkCache>) -> Self {
+        self.set_cache(cache);
         self
     }
 
+    /// [`Store::with_cache`] for a store already shared; `false` (and nothing changes) when it
+    /// has a cache already.
+    pub fn set_cache(&self, cache: Arc<ChunkCache>) -> bool {
+        self.cache.set(cache).is_ok()
+    }
+
     pub fn cache(&self) -> Option<&Arc<ChunkCache>> {
-        self.cache.as_ref()
+        self.cache.get()
     }
 
     fn be(&self, path: &ObjPath, e: object_store::Error) -> StoreError {

@@ -317,7 +317,7 @@ impl Store {
             .map_err(|e| StoreError::Internal(e.to_string()))?;
         let (key, compress) = (key.clone(), self.opts.compress);
         // A restore on this node (a restart in place) then finds the chunk without the store.
-        let cache = self.cache.clone();
+        let cache = self.cache().cloned();
         let mut obj = blocking(move || {
             let _permit = permit;
             let mut obj = chunk::encode(&key, &id, buf, compress);
