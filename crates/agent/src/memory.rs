@@ -35,8 +35,6 @@ use tracing::{debug, info, warn};
 use crate::metrics::Metrics;
 use crate::status::PodKey;
 
-/// The Event reason (and `PodCheckpoint` reason) of a memory checkpoint.
-pub const EVENT_REASON: &str = "MemoryPressure";
 /// The node is asked for its conditions once per this many polls.
 const NODE_EVERY: u32 = 5;
 
@@ -387,7 +385,7 @@ impl Watcher {
         // Run by this agent's own watcher (no created-by label); the node label lets the API
         // server accept it from this node's agent (as a notice's checkpoints).
         c.metadata.labels = Some(BTreeMap::from([(
-            stasis_api::lineage::NODE_LABEL.to_owned(),
+            stasis_api::names::NODE.to_owned(),
             self.ctx.node.clone(),
         )]));
         match api.create(&PostParams::default(), &c).await {
@@ -400,7 +398,7 @@ impl Watcher {
                 );
                 let ev = crate::status::pod_event(
                     pod,
-                    EVENT_REASON,
+                    stasis_api::names::event::MEMORY_PRESSURE,
                     &msg,
                     true,
                     &self.ctx.node,

@@ -171,6 +171,9 @@ pub mod event {
     pub const CHECKPOINTED: &str = "Checkpointed";
     /// The node's cloud announced its end.
     pub const CLOUD_NOTICE: &str = "CloudNotice";
+    /// A container neared its memory limit, or its node reports memory pressure: a checkpoint
+    /// started (the `PodCheckpoint` reason of the same name).
+    pub const MEMORY_PRESSURE: &str = "MemoryPressure";
 }
 
 #[cfg(test)]
