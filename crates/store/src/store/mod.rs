@@ -10,11 +10,12 @@ use lease::LeaseDoc;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::Serialize;
+use stasis_core::time::now_ms;
 use stasis_core::{CheckpointId, CheckpointRef, WorkloadName};
 use tokio::sync::Semaphore;
 
@@ -157,13 +158,6 @@ fn manifest_path(w: &WorkloadName, id: &CheckpointId) -> ObjPath {
 }
 fn lease_path(w: &WorkloadName, id: &CheckpointId, suffix: &str) -> ObjPath {
     ObjPath::from(format!("leases/{w}/{id}{suffix}.json"))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn rfc3339_ms(ms: u64) -> String {
