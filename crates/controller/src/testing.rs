@@ -166,6 +166,9 @@ impl Caches {
             ),
             pods: store_of(self.pods),
             skips: Mutex::new(HashMap::new()),
+            evictions: Mutex::new(stasis_core::interval::EvictionLog::new(
+                stasis_core::time::now_ms(),
+            )),
             store: None,
         })
     }

@@ -10,9 +10,11 @@ pub(super) async fn heartbeat(
     record: &Record,
     ctx: &Context,
 ) -> Result<Action> {
-    let Ok(interval) = policy.spec.heartbeat() else {
+    let interval = match policy.spec.interval() {
+        Ok(stasis_core::policy::Interval::Fixed(d)) => d,
+        Ok(stasis_core::policy::Interval::Auto) => auto_interval(pod, policy, ctx).await,
         // The policy's status says why; look again when it changes.
-        return Ok(Action::requeue(Duration::from_secs(60)));
+        Err(_) => return Ok(Action::requeue(Duration::from_secs(60))),
     };
     let ns = pod.namespace().unwrap_or_default();
     let uid = pod_uid(pod);
@@ -128,4 +130,48 @@ pub(super) async fn heartbeat(
             Ok(Action::requeue(interval.min(Duration::from_secs(60))))
         }
     }
+}
+
+/// `interval: auto`: this pod's interval from its checkpoints' cost and its node pool's
+/// interruptions (`stasis_core::interval`, docs/design.md §10.5a). The node's pool is read once
+/// per node (the default pool when the Node cannot be read); the pod is noted on its node, so
+/// that its end counts in that pool.
+async fn auto_interval(pod: &Pod, policy: &CheckpointPolicy, ctx: &Context) -> Duration {
+    let log = || ctx.evictions.lock().unwrap_or_else(|e| e.into_inner());
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    if !node.is_empty() && log().pool_of(&node).is_none() {
+        let api = Api::<k8s_openapi::api::core::v1::Node>::all(ctx.client.clone());
+        let pool = match api.get_opt(&node).await {
+            Ok(Some(n)) => stasis_api::policy::node_pool(&n),
+            other => {
+                if let Err(e) = other {
+                    tracing::warn!(node = %node, error = %e, "cannot read the node's pool labels: its pods count in the default pool");
+                }
+                stasis_core::interval::NodePool::of_labels([])
+            }
+        };
+        log().note_node(&node, pool);
+    }
+    let checkpoints = ctx.checkpoints.state();
+    stasis_api::policy::choose_auto(
+        pod,
+        checkpoints.iter().map(|c| c.as_ref()),
+        &mut log(),
+        policy.spec.freeze_fraction(),
+        now_ms(),
+    )
+    .map_or(stasis_core::interval::AUTO_MAX, |c| c.auto.interval)
+}
+
+/// A holder pod stopped or vanished and its lineage was orphaned: an interruption of its node's
+/// pool (`interval: auto`).
+pub(super) fn note_end(ctx: &Context, pod_uid: &str) {
+    ctx.evictions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .record_end(pod_uid, now_ms());
 }

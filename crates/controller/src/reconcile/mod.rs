@@ -92,6 +92,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     /// Pod UID → when its last heartbeat was skipped (freeze budget).
     pub skips: Mutex<HashMap<String, u64>>,
+    /// Interruptions seen and the nodes' pools, for `interval: auto` (in memory).
+    pub evictions: Mutex<stasis_core::interval::EvictionLog>,
     /// The store, for deleting manifests by retention (`None`: CRs only).
     pub store: Option<stasis_store::Store>,
 }
@@ -222,6 +224,9 @@ pub async fn run(setup: Setup) -> Result<()> {
         record_maps: maps,
         pods: pod_ctrl.store(),
         skips: Mutex::new(HashMap::new()),
+        evictions: Mutex::new(stasis_core::interval::EvictionLog::new(
+            stasis_core::time::now_ms(),
+        )),
         store: setup.store,
     });
     let cks = ck_ctrl

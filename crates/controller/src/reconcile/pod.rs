@@ -95,6 +95,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
             .map(|c| (**c).clone())
             .collect();
         let (state, _) = holder_state(r, std::slice::from_ref(&*pod), &checkpoints, on_termination);
+        let was_orphaned = r.lineage.orphaned;
         if refresh(
             r,
             &state,
@@ -102,6 +103,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
             ctx.cfg.phantom_after.as_millis() as u64,
         ) {
             *r = ctx.records.save(r).await?;
+        }
+        if !was_orphaned && r.lineage.orphaned {
+            super::heartbeat::note_end(&ctx, &pod_uid(&pod));
         }
     }
 

@@ -10,7 +10,7 @@ pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Re
     let mut status: CheckpointPolicyStatus = p.status.clone().unwrap_or_default();
     let generation = p.metadata.generation;
     let now = k8s_time(now_ms());
-    let problem = p.spec.heartbeat().err().map(|e| e.to_string()).or_else(|| {
+    let problem = p.spec.interval().err().map(|e| e.to_string()).or_else(|| {
         let max_age = p.spec.retention.max_age.as_deref()?;
         parse_duration(max_age)
             .err()
@@ -31,7 +31,11 @@ pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Re
             condition::READY,
             true,
             reason::ACTIVE,
-            format!("heartbeat every {}", p.spec.interval),
+            if p.spec.interval == "auto" {
+                "heartbeat interval chosen per pod (status.autoIntervals)".to_owned()
+            } else {
+                format!("heartbeat every {}", p.spec.interval)
+            },
             generation,
             now,
         ),
@@ -51,6 +55,23 @@ pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Re
         })
         .count();
     status.selected_pods = Some(selected as i32);
+    // `interval: auto`: each pod's interval and its inputs, refreshed every 15 s.
+    let auto = matches!(p.spec.interval(), Ok(stasis_core::policy::Interval::Auto));
+    status.auto_intervals = if auto {
+        let (pods, checkpoints) = (ctx.pods.state(), ctx.checkpoints.state());
+        let checkpoints: Vec<&PodCheckpoint> = checkpoints.iter().map(|c| c.as_ref()).collect();
+        let log = ctx.evictions.lock().unwrap_or_else(|e| e.into_inner());
+        stasis_api::policy::auto_statuses(
+            &p,
+            pods.iter().map(|x| x.as_ref()),
+            &checkpoints,
+            &ctx.cfg.runtime_class,
+            &log,
+            now_ms(),
+        )
+    } else {
+        Vec::new()
+    };
     status.observed_generation = generation;
     if Some(&status) != p.status.as_ref() {
         Api::<CheckpointPolicy>::namespaced(ctx.client.clone(), &ns)
@@ -61,5 +82,9 @@ pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Re
             )
             .await?;
     }
-    Ok(Action::requeue(Duration::from_secs(60)))
+    Ok(Action::requeue(Duration::from_secs(if auto {
+        15
+    } else {
+        60
+    })))
 }

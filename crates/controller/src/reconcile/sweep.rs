@@ -42,6 +42,7 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
         }
         let on_termination = true;
         let (state, _) = holder_state(&r, &in_ns, &checkpoints, on_termination);
+        let (was_orphaned, holder) = (r.lineage.orphaned, r.holder_uid().map(str::to_owned));
         if refresh(
             &mut r,
             &state,
@@ -52,6 +53,9 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
                 Ok(_) | Err(Error::Conflict(_)) => {}
                 Err(e) => return Err(e),
             }
+        }
+        if let (false, true, Some(uid)) = (was_orphaned, r.lineage.orphaned, holder) {
+            super::heartbeat::note_end(ctx, &uid);
         }
     }
     Ok(())
