@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end test of the Helm chart on the local cluster: scripts/cluster install-stasis, what it
 # puts on the nodes and into the API, a pod of the stasis RuntimeClass, the RBAC roles, upgrades
-# and rollouts that must not disturb the nodes, and scripts/cluster uninstall-stasis leaving
+# and rollouts that must not disturb the nodes, an upgrade from the previous defaults (every node
+# holding the cluster key, agents writing any node's objects) to the key broker and the agent
+# policy that restores a checkpoint taken before it, and scripts/cluster uninstall-stasis leaving
 # nothing behind. Needs root. Prints "N passed, M failed" (and skips with their reasons) and exits
 # non-zero when a check failed. STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up (and stasis
 # installed) at the end; STASIS_INSTALL_NO_BUILD=1 reuses target/images/stasis.oci.tar.
@@ -24,9 +26,12 @@ eval "$("$CLUSTER" env)"
 NODES=$("$CLUSTER" nodes | tr '\n' ' ')
 
 t=$(date +%s.%N)
-out=$("$CLUSTER" install-stasis 2>&1); rc=$?
+# the first install has the defaults of earlier releases (node confinement off); the upgrade below
+# turns them to today's
+OLD_DEFAULTS="--set keys.broker.enabled=false --set admissionPolicy.agentOwnNodeOnly=false"
+out=$(STASIS_HELM_ARGS="$OLD_DEFAULTS ${STASIS_HELM_ARGS:-}" "$CLUSTER" install-stasis 2>&1); rc=$?
 echo "$out" | sed 's/^/# /'
-check "scripts/cluster install-stasis" test $rc -eq 0
+check "scripts/cluster install-stasis (keys.broker.enabled=false, admissionPolicy.agentOwnNodeOnly=false)" test $rc -eq 0
 echo "# install-stasis: $(secs "$t") s"
 [ $rc -eq 0 ] || finish
 ROOTFS=$REPO/target/images/stasis/rootfs
@@ -152,12 +157,43 @@ if [ $CONTROLLER_REAL = 1 ]; then
     grep -Eq "tls: (certificate required|handshake failure|bad certificate)" <<<"$out"
 fi
 
+# ------------------------------------------------------------------ a checkpoint taken under the old defaults
+# A counter Deployment checkpointed by agents that hold the cluster key, scaled to 0 (its final
+# checkpoint); after the upgrade it must resume from that checkpoint through the key broker.
+UNS=e2e-upgrade
+if [ $AGENT_REAL = 1 ] && [ $CONTROLLER_REAL = 1 ]; then
+  [ -f "$REPO/target/images/stasis-counter.oci.tar" ] || "$REPO/scripts/build-counter-image" >/dev/null
+  "$CLUSTER" load-image "$REPO/target/images/stasis-counter.oci.tar" >/dev/null
+  check "old defaults: the agents mount the cluster key Secret" bash -c \
+    "kubectl -n $SNS get daemonset stasis-agent -o json | jq -e '[.spec.template.spec.volumes[].secret.secretName // empty] | index(\"stasis-cluster-key\")'"
+  scenario "$UNS" up 10s 1 64
+  U1=$(wait_one_counting "$UNS" up 90) || { fail "old defaults: the counter pod runs"; diagnose "$UNS"; }
+fi
+if [ -n "${U1:-}" ]; then
+  follow "$UNS" "$U1"
+  check "old defaults: a heartbeat PodCheckpoint Succeeded" retry 60 n_ckpts "$UNS" "$U1" 1
+  kubectl -n "$UNS" scale deployment up --replicas=0 >/dev/null
+  check "old defaults: scaled to 0, its pod gone" retry 60 bash -c "! kubectl -n $UNS get pod $U1"
+  U_LAST=$(ckpts "$UNS" "$U1" | tail -1); U_REF=$(awk '{print $3}' <<<"$U_LAST")
+  U_STOP=$(last_count "$U1")
+  echo "# checkpoints of $U1 (old defaults):"; ckpts "$UNS" "$U1" | sed 's/^/#   /'
+  check "old defaults: its newest checkpoint is its final one ($U_REF)" grep -q ' Termination$' <<<"$U_LAST"
+fi
+
 # ------------------------------------------------------------------ upgrade and rollout leave the nodes alone
 PIDS_BEFORE=$(for n in $NODES; do cat "$("$CLUSTER" node-root "$n")/run/containerd/containerd.pid"; done | tr '\n' ' ')
 CERT_BEFORE=$(kubectl -n "$SNS" get secret stasis-webhook-tls -o jsonpath='{.data.tls\.crt}' 2>/dev/null)
 KEY_BEFORE=$(kubectl -n "$SNS" get secret stasis-cluster-key -o jsonpath='{.data.cluster\.key}')
 out=$(STASIS_INSTALL_NO_BUILD=1 "$CLUSTER" install-stasis 2>&1); rc=$?
-check "install-stasis again (helm upgrade)" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
+check "install-stasis again (helm upgrade to the chart's defaults)" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
+VALUES=$(helm get values stasis -n "$SNS" -a -o json)
+check "... which turn the key broker and the agent policy on" \
+  jq -e '.keys.broker.enabled == true and .admissionPolicy.agentOwnNodeOnly == true' <<<"$VALUES"
+check "... the agents mount no cluster key and may read no Secret" bash -c \
+  "kubectl -n $SNS get daemonset stasis-agent -o json | jq -e '[.spec.template.spec.volumes[].secret.secretName // empty] | index(\"stasis-cluster-key\") == null' &&
+   [ \"\$(kubectl -n $SNS auth can-i get secrets --as=system:serviceaccount:$SNS:stasis-agent)\" = no ]"
+check "... the agent policy is installed and bound" bash -c \
+  "kubectl get validatingadmissionpolicy stasis-$SNS-agent && kubectl get validatingadmissionpolicybinding stasis-$SNS-agent"
 check "... keeps the cluster key" test "$(kubectl -n "$SNS" get secret stasis-cluster-key -o jsonpath='{.data.cluster\.key}')" = "$KEY_BEFORE"
 if [ $CONTROLLER_REAL = 1 ]; then
   check "... keeps the webhook certificate" test "$(kubectl -n "$SNS" get secret stasis-webhook-tls -o jsonpath='{.data.tls\.crt}')" = "$CERT_BEFORE"
@@ -175,6 +211,28 @@ check "... and the old pods left the nodes installed (new owner in the manifest)
   done"
 check "... the handler is still registered" bash -c "for n in $NODES; do kubectl get node \$n -o jsonpath='{.status.runtimeHandlers[*].name}' | tr ' ' '\n' | grep -qx stasis || exit 1; done"
 check "... the opted-in pod still runs" kubectl -n "$NS" exec opted-in -- /testapp hostname
+if [ -n "${U_REF:-}" ]; then
+  t=$(date +%s.%N)
+  kubectl -n "$UNS" scale deployment up --replicas=1 >/dev/null
+  U2=$(wait_one_counting "$UNS" up 120) || { fail "new defaults: the counter pod runs again"; diagnose "$UNS"; }
+fi
+if [ -n "${U2:-}" ]; then
+  follow "$UNS" "$U2"
+  echo "# $U2 counting $(secs "$t") s after the scale-up, on $(node_of "$UNS" "$U2")"
+  U_FIRST=$(first_count "$UNS" "$U2")
+  check "new defaults: a PodRestore of $U2, Restored" retry 30 bash -c "$(declare -f restore_phase); [ \"\$(restore_phase $UNS $U2)\" = Restored ]"
+  U_RREF=$(restore_ref "$UNS" "$U2")
+  check "new defaults: ... from the checkpoint taken before the upgrade ($U_RREF)" bash -c "[ -n '$U_RREF' ] && grep -qF -- '$U_RREF' <<<'$U_LAST'"
+  check "new defaults: it resumes where the old pod stopped (first count $U_FIRST, last $U_STOP)" \
+    bash -c "[ -n '$U_FIRST' ] && [ -n '$U_STOP' ] && d=\$(( $U_STOP - $U_FIRST )) && [ \${d#-} -le 10 ]"
+  check "new defaults: never state=CORRUPT" not_corrupt "$UNS" "$U2"
+  check "new defaults: a heartbeat checkpoint of it Succeeded (key from the broker, status under the agent policy)" \
+    retry 60 bash -c "$(declare -f ckpts); ckpts $UNS $U2 | grep -q ' Heartbeat\$'"
+  echo "# checkpoints of $U2 (new defaults):"; ckpts "$UNS" "$U2" | sed 's/^/#   /'
+fi
+# gone before the uninstall, whose checks count the nodes' opted-in pods
+kubectl delete namespace "$UNS" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1
+
 
 # ------------------------------------------------------------------ uninstall with an opted-in pod running
 [ $AGENT_REAL = 1 ] || kubectl label node $NODES stasis.dev/ready- >/dev/null
