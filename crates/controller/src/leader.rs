@@ -130,11 +130,11 @@ pub async fn keep(api: &Api<Lease>, cfg: &LeaseConfig) -> Error {
         tokio::time::sleep(cfg.renew_every).await;
         match try_hold(api, cfg).await {
             Ok(true) => last_ok = now_ms(),
-            Ok(false) => return Error::Missing("lost the leader lease to another replica"),
+            Ok(false) => return Error::LeaseLost("lost to another replica"),
             Err(e) => {
                 tracing::warn!(error = %e, "lease renewal");
                 if now_ms().saturating_sub(last_ok) >= cfg.duration.as_millis() as u64 {
-                    return Error::Missing("could not renew the leader lease in time");
+                    return Error::LeaseLost("could not be renewed in time");
                 }
             }
         }

@@ -16,15 +16,15 @@ pub mod app;
 pub mod broker;
 pub mod cluster_key;
 pub mod holder;
-pub mod reconcile;
 pub mod leader;
 pub mod metrics;
+pub mod reconcile;
 pub mod record;
 pub mod schedule;
-#[cfg(test)]
-mod testing;
 pub mod server;
 pub mod telemetry;
+#[cfg(test)]
+mod testing;
 pub mod wait;
 pub mod webhook;
 
@@ -57,9 +57,19 @@ pub enum Error {
     /// A namespace has as many lineage records as `--max-records-per-namespace` allows.
     #[error("namespace {namespace} has {cap} lineage records, the most allowed (--max-records-per-namespace): no new lineage is started; the sweep deletes those of workloads that are gone and hold no checkpoints")]
     RecordCap { namespace: String, cap: usize },
-    /// An object lacks a field the controller needs.
-    #[error("{0}")]
-    Missing(&'static str),
+    /// A pod without a spec (only a malformed admission request has none).
+    #[error("the pod has no spec")]
+    PodWithoutSpec,
+    /// A lineage record ConfigMap without its `lineage.json`.
+    #[error("lineage record {0} has no lineage.json: repair or delete the ConfigMap")]
+    RecordWithoutLineage(String),
+    /// This replica no longer holds the leader lease.
+    #[error("leader lease: {0}")]
+    LeaseLost(&'static str),
+    /// Something the code relies on did not hold (a bug, or a concurrent change it cannot
+    /// resolve); the reconcile is retried.
+    #[error("internal: {0}")]
+    Invariant(&'static str),
 }
 
 impl Error {
@@ -71,7 +81,10 @@ impl Error {
             Error::Record { .. } => "record",
             Error::Store(_) => "store",
             Error::Json(_) => "json",
-            Error::Missing(_) => "missing",
+            Error::PodWithoutSpec => "pod_without_spec",
+            Error::RecordWithoutLineage(_) => "record",
+            Error::LeaseLost(_) => "lease_lost",
+            Error::Invariant(_) => "invariant",
             Error::RecordCap { .. } => "record_cap",
             Error::UnverifiedIdentity(_) => "unverified_identity",
         }

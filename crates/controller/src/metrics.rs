@@ -250,13 +250,13 @@ mod tests {
         let m = Metrics::default();
         m.reconciled("pods");
         m.checkpoints_scheduled.inc();
-        m.failed("pods", &crate::Error::Missing("x"));
+        m.failed("pods", &crate::Error::Invariant("x"));
         m.admitted("ColdStart", "NoPolicy");
         let text = m.encode();
         for name in [
             "stasis_controller_reconciles_total{controller=\"pods\"} 1",
             "stasis_controller_checkpoints_scheduled_total 1",
-            "stasis_controller_reconcile_errors_total{controller=\"pods\",error=\"missing\"} 1",
+            "stasis_controller_reconcile_errors_total{controller=\"pods\",error=\"invariant\"} 1",
             "stasis_controller_admissions_total{decision=\"ColdStart\",reason=\"NoPolicy\"} 1",
         ] {
             assert!(text.contains(name), "{name} in\n{text}");

@@ -146,7 +146,7 @@ impl Record {
         let data = cm.data.as_ref();
         let lineage_json = data
             .and_then(|d| d.get(RECORD_KEY))
-            .ok_or(Error::Missing("lineage record without lineage.json"))?;
+            .ok_or_else(|| Error::RecordWithoutLineage(name.clone()))?;
         let lineage: Lineage =
             serde_json::from_str(lineage_json).map_err(|source| Error::Record {
                 name: name.clone(),

@@ -213,6 +213,10 @@ pub fn writes(seen: &Seen) -> Vec<(String, String, serde_json::Value)> {
 /// path; 404 otherwise), `DELETE`s with success, and echoes every other write (a `PATCH` as the
 /// patched kind, a create or replace with a new resourceVersion); records every request
 /// (method, path, JSON body) in the returned [`Seen`].
+///
+/// A `gets` entry whose value is a failed `Status` (code ≥ 400) answers every method on its
+/// path with that failure. A `PATCH` that is not a forced server-side apply by the field manager
+/// `stasis-controller` is refused with 415: every controller write must be one.
 pub fn api_server(gets: Vec<(String, serde_json::Value)>) -> (Client, Seen) {
     let seen: Seen = Arc::default();
     let log = seen.clone();
@@ -230,7 +234,26 @@ pub fn api_server(gets: Vec<(String, serde_json::Value)>) -> (Client, Seen) {
             log.lock()
                 .unwrap()
                 .push((method.clone(), path.clone(), v.clone()));
+            let failure = gets.iter().find(|(p, v)| {
+                *p == path && v["kind"] == "Status" && v["code"].as_u64().unwrap_or(0) >= 400
+            });
+            let query = parts.uri.query().unwrap_or_default();
+            let apply = parts
+                .headers
+                .get("content-type")
+                .is_some_and(|c| c == "application/apply-patch+yaml")
+                && query.contains("fieldManager=stasis-controller")
+                && query.contains("force=true");
             let (status, out) = match method.as_str() {
+                _ if failure.is_some() => {
+                    let v = failure.unwrap().1.clone();
+                    (v["code"].as_u64().unwrap() as u16, v)
+                }
+                "PATCH" if !apply => (
+                    415,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                           "message": format!("not a server-side apply by stasis-controller: {query}"), "code": 415}),
+                ),
                 "GET" => match gets.iter().find(|(p, _)| *p == path) {
                     Some((_, v)) => (200, v.clone()),
                     None => (

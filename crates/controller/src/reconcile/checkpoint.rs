@@ -104,18 +104,14 @@ pub(super) async fn fail_checkpoint(
         None,
         k8s_time(now_ms()),
     );
-    Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns)
-        .patch_status(
-            &ck.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+    let applied = json!({"phase": status.phase, "conditions": ready_only(&status.conditions)});
+    apply_status::<PodCheckpoint>(&ctx.client, &ns, &ck.name_any(), applied).await?;
     Ok(())
 }
 
 /// `PodCheckpoint`s: a succeeded one is published into its lineage (or fenced), then retention
 /// runs on the lineage; a failed final checkpoint ends the wait for it; a stuck one fails.
+#[tracing::instrument(name = "reconcile_checkpoint", skip_all, fields(namespace = %ck.namespace().unwrap_or_default(), name = %ck.name_any()))]
 pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciled("checkpoints");
     let ns = ck.namespace().unwrap_or_default();

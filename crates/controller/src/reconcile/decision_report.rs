@@ -67,7 +67,7 @@ pub(super) async fn report_decision(
                         &mut status.conditions,
                         condition::READY,
                         false,
-                        "Pending",
+                        reason::PENDING,
                         format!("restore of {checkpoint_ref} decided at admission"),
                         None,
                         k8s_time(now_ms()),
@@ -75,10 +75,11 @@ pub(super) async fn report_decision(
                     // Only when the agent has not written a status yet.
                     let current = api.get_status(&name).await?;
                     if current.status.as_ref().and_then(|s| s.phase).is_none() {
-                        api.patch_status(
+                        apply_status::<PodRestore>(
+                            &ctx.client,
+                            &ns,
                             &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"status": status})),
+                            json!({"phase": status.phase, "conditions": status.conditions}),
                         )
                         .await?;
                     }
@@ -111,8 +112,6 @@ pub(super) async fn report_decision(
         }
     }
     let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
-    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    apply_metadata::<Pod>(&ctx.client, &ns, &name, patch["metadata"].clone()).await?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! `PodRestore`s (the restore-loop guard), `CheckpointPolicy` status, and a sweep over the
 //! lineage records (docs/design.md §13).
 
+mod apply;
 mod checkpoint;
 mod decision_report;
 mod heartbeat;
@@ -54,8 +55,8 @@ pub use restore::{failure_signature, reconcile_restore};
 pub use sweep::sweep;
 #[allow(unused_imports)]
 use {
-    checkpoint::*, decision_report::*, heartbeat::*, pod::*, policy::*, restore::*, retention::*,
-    sweep::*,
+    apply::*, checkpoint::*, decision_report::*, heartbeat::*, pod::*, policy::*, restore::*,
+    retention::*, sweep::*,
 };
 
 /// Field manager of the controller's writes.
@@ -103,7 +104,16 @@ impl Context {
         self.record_maps
             .state()
             .iter()
-            .filter_map(|cm| Record::from_config_map(cm).ok())
+            .filter_map(|cm| match Record::from_config_map(cm) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    // A damaged record is skipped, never silently: its pods look unregistered
+                    // until someone repairs or deletes it.
+                    self.metrics.failed("records", &e);
+                    tracing::warn!(error = %e, configmap = %cm.name_any(), "lineage record unreadable: skipped; repair or delete it");
+                    None
+                }
+            })
             .collect()
     }
 

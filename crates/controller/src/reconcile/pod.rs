@@ -9,6 +9,7 @@ pub(super) fn pod_uid(pod: &Pod) -> String {
 
 /// Pods: a stasis pod gets its holder registered, its admission decision materialised, its
 /// lineage orphaned when it stops, and its heartbeat checkpoints.
+#[tracing::instrument(name = "reconcile_pod", skip_all, fields(namespace = %pod.namespace().unwrap_or_default(), name = %pod.name_any()))]
 pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     let class = pod
         .spec
@@ -177,13 +178,7 @@ pub(super) async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Act
     )
     .await;
     let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
-    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .patch(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+    apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch["metadata"].clone()).await?;
     Ok(Action::await_change())
 }
 
@@ -225,13 +220,7 @@ pub(super) async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
             names::GENERATION: record.lineage.generation.to_string(),
         }
     }});
-    Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .patch(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+    apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch["metadata"].clone()).await?;
     tracing::info!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, "new lineage for a pod admitted without the webhook");
     Ok(record)
 }

@@ -4,6 +4,7 @@ use super::*;
 
 /// `CheckpointPolicy` status: `Ready` (`Active`) or refused (`InvalidSpec`), with the number of
 /// selected stasis pods.
+#[tracing::instrument(name = "reconcile_policy", skip_all, fields(namespace = %p.namespace().unwrap_or_default(), name = %p.name_any()))]
 pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciled("policies");
     let ns = p.namespace().unwrap_or_default();
@@ -74,13 +75,14 @@ pub async fn reconcile_policy(p: Arc<CheckpointPolicy>, ctx: Arc<Context>) -> Re
     };
     status.observed_generation = generation;
     if Some(&status) != p.status.as_ref() {
-        Api::<CheckpointPolicy>::namespaced(ctx.client.clone(), &ns)
-            .patch_status(
-                &p.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await?;
+        // The controller is the only writer of a policy's status: it applies all of it.
+        apply_status::<CheckpointPolicy>(
+            &ctx.client,
+            &ns,
+            &p.name_any(),
+            serde_json::to_value(&status)?,
+        )
+        .await?;
     }
     Ok(Action::requeue(Duration::from_secs(if auto {
         15

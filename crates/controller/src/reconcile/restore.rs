@@ -39,6 +39,7 @@ pub fn failure_signature(status: Option<&PodRestoreStatus>) -> String {
 }
 
 /// `PodRestore`s: outcomes feed the restore-loop guard of the lineage, once each.
+#[tracing::instrument(name = "reconcile_restore", skip_all, fields(namespace = %pr.namespace().unwrap_or_default(), name = %pr.name_any()))]
 pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciled("restores");
     if pr.annotations().contains_key(names::ACCOUNTED) {
@@ -80,13 +81,13 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
                 None,
                 k8s_time(now_ms()),
             );
-            Api::<PodRestore>::namespaced(ctx.client.clone(), &ns)
-                .patch_status(
-                    &pr.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": status})),
-                )
-                .await?;
+            let applied = json!({
+                "phase": status.phase,
+                "message": status.message,
+                "failure": status.failure,
+                "conditions": ready_only(&status.conditions),
+            });
+            apply_status::<PodRestore>(&ctx.client, &ns, &pr.name_any(), applied).await?;
         }
         return Ok(Action::await_change());
     }
@@ -126,13 +127,13 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         _ => return Ok(Action::await_change()),
     }
     ctx.records.save(&r).await?;
-    Api::<PodRestore>::namespaced(ctx.client.clone(), &ns)
-        .patch(
-            &pr.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {names::ACCOUNTED: "true"}}})),
-        )
-        .await?;
+    apply_metadata::<PodRestore>(
+        &ctx.client,
+        &ns,
+        &pr.name_any(),
+        json!({"annotations": {names::ACCOUNTED: "true"}}),
+    )
+    .await?;
     Ok(Action::await_change())
 }
 

@@ -65,23 +65,37 @@ pub(super) async fn apply_retention(mut r: Record, ctx: &Context) -> Result<()> 
     let api = Api::<PodCheckpoint>::namespaced(ctx.client.clone(), &ns);
     for id in &drop {
         let reference = format!("{}{}", prefix, id);
+        let mut complete = true;
         for c in ctx.checkpoints.state().iter().filter(|c| {
             c.namespace().as_deref() == Some(&ns)
                 && c.status.as_ref().and_then(|s| s.checkpoint_ref.as_deref()) == Some(&reference)
         }) {
             match api.delete(&c.name_any(), &DeleteParams::default()).await {
-                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Ok(_) => {}
+                // Already gone: what retention wanted.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // Refused (403, 422, ...): the object stays; say so instead of counting it
+                // deleted. The record no longer lists the checkpoint, so no retry would.
+                Err(kube::Error::Api(s)) => {
+                    complete = false;
+                    let e = Error::Kube(kube::Error::Api(s));
+                    ctx.metrics.failed("retention", &e);
+                    tracing::warn!(error = %e, checkpoint = %reference, podcheckpoint = %c.name_any(), "retention could not delete the PodCheckpoint; delete it by hand");
+                }
                 Err(e) => return Err(e.into()),
             }
         }
         if let Some(store) = &ctx.store {
             let cref = CheckpointRef::exact(r.lineage.id.clone(), id.clone());
             if let Err(e) = store.delete_checkpoint(&cref).await {
-                tracing::warn!(error = %e, checkpoint = %reference, "store delete");
+                complete = false;
+                tracing::warn!(error = %e, checkpoint = %reference, "retention could not delete the checkpoint from the store; `stasis gc` removes what no manifest references");
             }
         }
-        ctx.metrics.checkpoints_deleted.inc();
-        tracing::info!(checkpoint = %reference, "deleted by retention");
+        if complete {
+            ctx.metrics.checkpoints_deleted.inc();
+            tracing::info!(checkpoint = %reference, "deleted by retention");
+        }
     }
     Ok(())
 }

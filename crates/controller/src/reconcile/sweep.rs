@@ -6,6 +6,7 @@ use super::*;
 /// Sweep: every record whose holder pod stopped or vanished is brought up to date (the pod
 /// reconciler sees stopping pods; only the sweep sees pods that are gone), and claims whose
 /// pod never appeared are released.
+#[tracing::instrument(name = "sweep", skip_all)]
 pub async fn sweep(ctx: &Context) -> Result<()> {
     let pods: Vec<Pod> = ctx.pods.state().iter().map(|p| (**p).clone()).collect();
     let checkpoints: Vec<PodCheckpoint> = ctx

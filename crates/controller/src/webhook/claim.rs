@@ -16,6 +16,7 @@ pub(super) struct Outcome {
 /// checkpoint), decides, and stores the claim with the decision in the lineage record, retrying
 /// from a fresh read when another writer got there first.
 #[allow(clippy::too_many_arguments)]
+#[tracing::instrument(name = "claim_and_decide", skip_all, fields(namespace = %ns, workload = %workload))]
 pub(crate) async fn claim_and_decide(
     hook: &Webhook,
     ns: &str,
@@ -76,7 +77,9 @@ pub(crate) async fn claim_and_decide(
                 let i = lineages
                     .iter()
                     .position(|l| l.id == c.lineage)
-                    .ok_or(Error::Missing("claimed lineage vanished"))?;
+                    .ok_or(Error::Invariant(
+                        "the claimed lineage vanished from the records",
+                    ))?;
                 let mut rec = recs[i].clone();
                 let source_pod_name = rec.holder.as_ref().and_then(|h| h.pod.clone());
                 rec.lineage = lineages[i].clone();

@@ -4,6 +4,7 @@
 use super::*;
 
 /// The decision for one request: `None` for pods that are not stasis's concern.
+#[tracing::instrument(name = "admission", skip_all, fields(namespace = %req.namespace.as_deref().unwrap_or_default(), uid = %req.uid))]
 pub(crate) async fn mutate(
     hook: &Webhook,
     req: &AdmissionRequest<Pod>,
@@ -50,7 +51,7 @@ pub(crate) async fn mutate(
         .await?;
     let labels = pod.labels().clone();
     let policy = policy_for(&policies.items, &ns, &labels).cloned();
-    let pod_hash = podfacts::spec_hash(&pod).ok_or(Error::Missing("pod without a spec"))?;
+    let pod_hash = podfacts::spec_hash(&pod).ok_or(Error::PodWithoutSpec)?;
     let mut inputs = RestoreInputs {
         requester: requester.clone(),
         policy_restore_on_crash: policy.as_ref().map(|p| p.spec.restore_on_crash),
@@ -72,7 +73,7 @@ pub(crate) async fn mutate(
     let Some(policy) = policy.filter(|_| permitted) else {
         // Nothing to claim: no policy checkpoints this pod, or its creator may not restore.
         let Decision::ColdStart { reason } = decide(&inputs) else {
-            return Err(Error::Missing("a restore without a claim"));
+            return Err(Error::Invariant("a restore decided without a claim"));
         };
         cold(&mut m, reason.label(), reason.to_string());
         return Ok(Some(patch(original, &m)));

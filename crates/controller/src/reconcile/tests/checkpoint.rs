@@ -153,6 +153,16 @@ async fn a_checkpoint_is_published_with_its_manifest_digest_and_never_without() 
 
 #[tokio::test]
 async fn a_succeeded_checkpoint_is_published_then_retention_deletes_the_oldest() {
+    retention_deletes_the_oldest(false).await;
+}
+
+/// A delete the API server refuses (403) is not counted as deleted (review M7: it was).
+#[tokio::test]
+async fn a_refused_retention_delete_is_not_counted() {
+    retention_deletes_the_oldest(true).await;
+}
+
+async fn retention_deletes_the_oldest(refused: bool) {
     let w = WorkloadName::new("prod_deploy_counter").unwrap();
     let mut lineage = Lineage::start(&w, "tok", &[]);
     let ids: Vec<CheckpointId> = (1..=3u64)
@@ -171,10 +181,18 @@ async fn a_succeeded_checkpoint_is_published_then_retention_deletes_the_oldest()
     let mut record = Record::new("prod", lineage.clone(), holder_uid_1());
     record.resource_version = Some("9".into());
     let cm_path = format!("/api/v1/namespaces/stasis/configmaps/{}", record.name());
-    let (client, seen) = api_server(vec![(
+    let mut routes = vec![(
         cm_path.clone(),
         serde_json::to_value(record.to_config_map().unwrap()).unwrap(),
-    )]);
+    )];
+    if refused {
+        routes.push((
+            "/apis/stasis.dev/v1alpha1/namespaces/prod/podcheckpoints/ck-1".to_owned(),
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                   "reason": "Forbidden", "code": 403, "message": "forbidden"}),
+        ));
+    }
+    let (client, seen) = api_server(routes);
     let l = lineage.id.as_str();
     let cks = vec![
         succeeded("ck-1", l, &ids[0], 1),
@@ -230,7 +248,10 @@ async fn a_succeeded_checkpoint_is_published_then_retention_deletes_the_oldest()
             "/apis/stasis.dev/v1alpha1/namespaces/prod/podcheckpoints/ck-1"
         )
     );
-    assert_eq!(ctx.metrics.checkpoints_deleted.get(), 1);
+    assert_eq!(
+        ctx.metrics.checkpoints_deleted.get(),
+        if refused { 0 } else { 1 }
+    );
 }
 
 #[tokio::test]
