@@ -45,6 +45,9 @@ struct Cli {
     /// Every namespace (status and list)
     #[arg(short = 'A', long, global = true)]
     all_namespaces: bool,
+    /// The kubeconfig file (default: KUBECONFIG, then ~/.kube/config)
+    #[arg(long, global = true)]
+    kubeconfig: Option<std::path::PathBuf>,
     /// The kubeconfig context to use
     #[arg(long, global = true)]
     context: Option<String>,
@@ -120,7 +123,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    let (client, default_ns) = connect(cli.context.as_deref(), &cli.as_user, &cli.as_group).await?;
+    let (client, default_ns) = connect(
+        cli.kubeconfig.as_deref(),
+        cli.context.as_deref(),
+        &cli.as_user,
+        &cli.as_group,
+    )
+    .await?;
     let ns = cli.namespace.clone().unwrap_or(default_ns);
     let scope = if cli.all_namespaces {
         Scope::All
@@ -183,20 +192,18 @@ async fn run(cli: Cli) -> Result<()> {
 /// A client for the kubeconfig's context (or `context`), and its namespace; in a pod without a
 /// kubeconfig, the pod's service account. `as_user` and `as_groups` impersonate.
 async fn connect(
+    kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
     as_user: &Option<String>,
     as_groups: &[String],
 ) -> Result<(Client, String)> {
+    if let Some(path) = kubeconfig {
+        let kc = Kubeconfig::read_from(path)
+            .with_context(|| format!("--kubeconfig {}", path.display()))?;
+        return client_for(kc, context, as_user, as_groups).await;
+    }
     let config = match (context, Kubeconfig::read()) {
-        (ctx, Ok(kc)) => {
-            let opts = KubeConfigOptions {
-                context: ctx.map(str::to_owned),
-                ..Default::default()
-            };
-            Config::from_custom_kubeconfig(kc, &opts)
-                .await
-                .context("reading the kubeconfig")?
-        }
+        (ctx, Ok(kc)) => return client_for(kc, ctx, as_user, as_groups).await,
         (Some(ctx), Err(e)) => {
             return Err(e).with_context(|| format!("--context {ctx}: no kubeconfig"))
         }
@@ -204,7 +211,32 @@ async fn connect(
             .await
             .context("no kubeconfig (KUBECONFIG, ~/.kube/config) and not in a pod")?,
     };
-    let mut config = config;
+    finish_client(config, as_user, as_groups)
+}
+
+/// A client for a kubeconfig's context (`context`, or its current one).
+async fn client_for(
+    kc: Kubeconfig,
+    context: Option<&str>,
+    as_user: &Option<String>,
+    as_groups: &[String],
+) -> Result<(Client, String)> {
+    let opts = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..Default::default()
+    };
+    let config = Config::from_custom_kubeconfig(kc, &opts)
+        .await
+        .context("reading the kubeconfig")?;
+    finish_client(config, as_user, as_groups)
+}
+
+/// The client, impersonating `as_user` (and `as_groups`) when given, and the namespace.
+fn finish_client(
+    mut config: Config,
+    as_user: &Option<String>,
+    as_groups: &[String],
+) -> Result<(Client, String)> {
     if as_user.is_some() {
         config.auth_info.impersonate = as_user.clone();
         config.auth_info.impersonate_groups = (!as_groups.is_empty()).then(|| as_groups.to_vec());

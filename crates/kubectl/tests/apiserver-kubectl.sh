@@ -173,6 +173,8 @@ ok_if "list: newest first, with kubectl's columns and ages" bash -c \
 as dev list web-0 -o json
 ok_if "list web-0 -o json: a List of its lineage's PodCheckpoints" \
     jqe '.kind == "List" and (.items | length) == 3 and .items[0].kind == "PodCheckpoint"'
+rc=0; KUBECONFIG=/nonexistent "$plugin" --kubeconfig "$work/dev.kubeconfig" list >"$work/out" 2>"$work/err" || rc=$?
+ok_if "--kubeconfig: the file given, not KUBECONFIG" bash -c "[ $rc = 0 ] && grep -q '^web-0-final ' '$work/out'"
 kubectl create namespace empty >/dev/null
 kubectl -n empty create rolebinding viewer --clusterrole=stasis-checkpoint-viewer --user=dev >/dev/null
 as dev list -n empty
