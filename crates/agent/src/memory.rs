@@ -534,6 +534,55 @@ mod tests {
         assert_eq!(memory_cgroup(b"not json"), None);
     }
 
+    /// The v1 path against the kernel itself: a memory cgroup with a 64 MiB limit, 40 MiB of
+    /// tmpfs pages charged to it by a shell that joined it (shmem is not page cache the kernel
+    /// could drop: it is in the working set).
+    #[test]
+    fn reads_a_real_cgroup_v1_memory_controller() {
+        let base = Path::new("/sys/fs/cgroup/memory");
+        if !base.join("memory.usage_in_bytes").exists() {
+            eprintln!("SKIPPED: no cgroup v1 memory controller at {} (the v2 path is tested on fixture files)", base.display());
+            return;
+        }
+        let dir = base.join(format!("stasis-memory-test-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            eprintln!("SKIPPED: cannot create {} ({e}): needs root", dir.display());
+            return;
+        }
+        let shm = PathBuf::from(format!(
+            "/dev/shm/stasis-memory-test-{}",
+            std::process::id()
+        ));
+        struct Cleanup(PathBuf, PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.1);
+                let _ = std::fs::remove_dir(&self.0);
+            }
+        }
+        let _cleanup = Cleanup(dir.clone(), shm.clone());
+        std::fs::write(dir.join("memory.limit_in_bytes"), "67108864").unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && head -c 41943040 /dev/zero > {}",
+                dir.display(),
+                shm.display()
+            ))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let r = read_cgroup(CgroupVersion::V1, &dir).unwrap();
+        let pct = r.percent().unwrap();
+        assert_eq!(r.limit_bytes, Some(64 << 20));
+        assert!((60.0..90.0).contains(&pct), "{r:?}: {pct:.1}%");
+        assert!(r.over(60) && !r.over(90), "{r:?}");
+        // Without the pages, the working set falls back under the threshold.
+        std::fs::remove_file(&shm).unwrap();
+        let r = read_cgroup(CgroupVersion::V1, &dir).unwrap();
+        assert!(!r.over(60), "{r:?}");
+    }
+
     /// The v2 path against fixture files laid out as the kernel does (this machine runs v1).
     #[test]
     fn reads_a_v2_cgroup_directory() {
