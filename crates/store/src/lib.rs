@@ -93,7 +93,9 @@
 //! restore on the node. Restores read it first and authenticate what they read like anything
 //! fetched (a cached object that fails is removed and fetched again); they cache what they
 //! fetch, and puts cache what they write, so a restore on the node that checkpointed (a restart
-//! in place) needs no fetch and no plaintext image kept on the node.
+//! in place) needs no fetch and no plaintext image kept on the node. [`Store::prefetch`] fills
+//! it with a checkpoint's missing chunks without restoring (pre-staging: a later heartbeat of
+//! the same workload costs only its new chunks).
 //!
 //! The library never starts a tokio runtime: call it from one (multi-threaded for
 //! `spawn_blocking` to overlap with I/O; a current-thread runtime works too).
@@ -104,13 +106,15 @@ pub mod envelope;
 pub mod error;
 pub mod key;
 mod local;
-pub mod progress;
 #[doc(hidden)]
 pub mod profile;
+pub mod progress;
 mod store;
 
 pub use cache::{CacheStats, ChunkCache};
 pub use error::{Result, StoreError};
 pub use key::Key;
 pub use progress::{NoProgress, Progress};
-pub use store::{CheckpointSummary, GcReport, Store, StoreOptions, MAX_LEASE_OBJECT};
+pub use store::{
+    CheckpointSummary, GcReport, PrefetchReport, Store, StoreOptions, MAX_LEASE_OBJECT,
+};

@@ -361,3 +361,44 @@ async fn s3_put_with_a_cache_lets_a_restore_on_the_node_skip_the_store() {
     assert!(restore(&store, &key, &m, &out).await.unwrap() == data);
     assert_eq!(cache.stats().hits, n);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_prefetch_fills_the_cache_and_a_later_heartbeat_adds_only_its_new_chunks() {
+    let name = "s3_prefetch_fills_the_cache_and_a_later_heartbeat_adds_only_its_new_chunks";
+    let Some((s3, key, tmp, mut data, m1)) = one_checkpoint(name, 8 << 20, 18).await else {
+        return;
+    };
+    let cache = Arc::new(ChunkCache::open(&tmp.path().join("cache"), 64 << 20).unwrap());
+    let store = cached_store(&s3, &cache);
+    let r1 = store.prefetch(&key, &m1.reference()).await.unwrap();
+    assert_eq!(
+        (r1.chunks, r1.cached_already),
+        (m1.stats.chunks, 0),
+        "{r1:?}"
+    );
+    assert_eq!(r1.fetched, r1.chunks, "{r1:?}");
+    assert_eq!(r1.fetched_bytes, m1.stats.written_bytes, "{r1:?}");
+
+    // The next heartbeat: a contiguous 1 MiB rewritten in the middle.
+    data[4 << 20..5 << 20].copy_from_slice(&pseudo_random(1 << 20, 19));
+    let img = image(tmp.path(), &data);
+    let m2 = s3
+        .store
+        .put_checkpoint(&key, draft("w"), &img, &NoProgress)
+        .await
+        .unwrap();
+    let r2 = store.prefetch(&key, &m2.reference()).await.unwrap();
+    assert_eq!(r2.fetched, m2.stats.new_chunks, "{r2:?} {:?}", m2.stats);
+    assert!(r2.fetched < r2.chunks / 2, "{r2:?}");
+
+    // Served by the cache alone.
+    delete_chunks(&s3, &key, &m2).await;
+    let out = tmp.path().join("out");
+    assert!(restore(&store, &key, &m2, &out).await.unwrap() == data);
+    assert_eq!(
+        store.prefetch(&key, &m2.reference()).await.unwrap().fetched,
+        0
+    );
+    // Without a cache there is nothing to fill.
+    assert!(s3.store.prefetch(&key, &m2.reference()).await.is_err());
+}

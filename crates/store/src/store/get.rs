@@ -10,7 +10,7 @@ use object_store::path::Path as ObjPath;
 use object_store::ObjectStoreExt;
 use stasis_core::{CheckpointId, CheckpointRef, ChunkRef, Manifest, WorkloadName};
 
-use super::{blocking, chunk_rel, io_backend, lease_path, now_ms, LeaseDoc, Store};
+use super::{blocking, chunk_rel, io_backend, now_ms, LeaseDoc, Store};
 use crate::chunk::{self, ChunkBuf};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
@@ -51,24 +51,7 @@ impl Store {
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Manifest> {
         let id = self.resolve(reference).await?;
-        let lease = lease_path(
-            &reference.workload,
-            &id,
-            &format!(".read-{:08x}", rand::random::<u32>()),
-        );
-        // A store this reader may not write (a read-only mount, read-only credentials) is
-        // still read, without the lease: only a concurrent gc could then remove its chunks.
-        let leased = match self
-            .put_lease(&lease, &LeaseDoc::new("get", self.opts.lease_ttl))
-            .await
-        {
-            Ok(()) => true,
-            Err(e) if e.is_read_only() => {
-                tracing::warn!(error = %e, "the store cannot be written here: reading without a read lease (a gc running elsewhere at the same time could remove this checkpoint's chunks)");
-                false
-            }
-            Err(e) => return Err(e),
-        };
+        let lease = self.read_lease(&reference.workload, &id, "get").await?;
         let r = tokio::select! {
             r = self.get_leased(
                 key,
@@ -76,13 +59,13 @@ impl Store {
                 &id,
                 dest_dir,
                 progress,
-                leased.then_some(&lease),
+                lease.as_ref(),
             ) => r,
             () = cancel => Err(StoreError::Cancelled),
         };
         progress.finish();
-        if leased {
-            self.drop_lease(&lease).await;
+        if let Some(lease) = &lease {
+            self.drop_lease(lease).await;
         }
         r
     }

@@ -7,7 +7,9 @@ use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
-use super::{now_ms, Store, GC_LOCK, MAX_LEASE_OBJECT};
+use stasis_core::{CheckpointId, WorkloadName};
+
+use super::{lease_path, now_ms, Store, GC_LOCK, MAX_LEASE_OBJECT};
 use crate::error::{Result, StoreError};
 
 /// A lease or lock document.
@@ -100,6 +102,29 @@ impl Store {
             Err(e) => {
                 tracing::warn!(lease = %p, error = %e, "could not remove lease; it expires on its own")
             }
+        }
+    }
+
+    /// Puts a reader's lease on checkpoint `w/id` and returns its path; `None` for a store this
+    /// reader may not write (a read-only mount, read-only credentials), which is still read,
+    /// without the lease: only a concurrent gc could then remove its chunks.
+    pub(super) async fn read_lease(
+        &self,
+        w: &WorkloadName,
+        id: &CheckpointId,
+        purpose: &str,
+    ) -> Result<Option<ObjPath>> {
+        let lease = lease_path(w, id, &format!(".read-{:08x}", rand::random::<u32>()));
+        match self
+            .put_lease(&lease, &LeaseDoc::new(purpose, self.opts.lease_ttl))
+            .await
+        {
+            Ok(()) => Ok(Some(lease)),
+            Err(e) if e.is_read_only() => {
+                tracing::warn!(error = %e, "the store cannot be written here: reading without a read lease (a gc running elsewhere at the same time could remove this checkpoint's chunks)");
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
     }
 

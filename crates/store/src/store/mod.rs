@@ -3,8 +3,11 @@
 mod gc;
 mod get;
 mod lease;
+mod prefetch;
 mod put;
 mod read;
+
+pub use prefetch::PrefetchReport;
 
 use lease::LeaseDoc;
 
