@@ -17,7 +17,6 @@ pub mod error;
 pub mod executor;
 pub mod fair;
 pub mod fence;
-pub mod http;
 /// The keyring and data key Secrets, shared with the controller's key broker.
 pub use stasis_api::keys;
 pub mod k8s;

@@ -5,13 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
+use clap::Parser;
+use stasis_service::shutdown::Shutdown;
+use stasis_service::telemetry::{self, LogArgs};
 
 /// The stasis node agent.
 #[derive(Debug, Parser)]
@@ -78,7 +74,7 @@ struct Args {
     images_dir: PathBuf,
     #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
     work_dir: PathBuf,
-    /// Address of /metrics and /healthz ("" to disable).
+    /// Address of the admin server: /metrics, /livez, /readyz ("" to disable).
     #[arg(long, env = "STASIS_METRICS_ADDR", default_value = "0.0.0.0:9464")]
     metrics_addr: String,
     /// Where the node installer put the runtime wrapper (a node-ready check).
@@ -127,8 +123,8 @@ struct Args {
     /// No Kubernetes: serve the node API and metrics only.
     #[arg(long, env = "STASIS_STANDALONE")]
     standalone: bool,
-    #[arg(long, env = "STASIS_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     /// Runtime worker threads (the store's I/O; the engine runs on its own threads).
     #[arg(long, env = "STASIS_WORKER_THREADS", default_value_t = 2)]
     worker_threads: usize,
@@ -141,15 +137,7 @@ fn main() -> anyhow::Result<()> {
     stasis_agent::mem::limit_arenas(2);
     // kube enables rustls's ring provider and the S3 client aws-lc-rs: choose one explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match a.log_format {
-        LogFormat::Json => fmt.json().init(),
-        LogFormat::Text => fmt.init(),
-    }
+    telemetry::init(&a.log);
     for change in env_changes {
         tracing::info!("{change}");
     }
@@ -197,6 +185,10 @@ fn main() -> anyhow::Result<()> {
             poll: std::time::Duration::from_millis(a.cloud_notice_poll_ms.max(100)),
         },
     };
-    stasis_agent::run::run(cfg, &rt).context("stasisd")?;
+    let shutdown = {
+        let _in_runtime = rt.enter();
+        Shutdown::on_signal()
+    };
+    stasis_agent::run::run(cfg, &rt, shutdown).context("stasisd")?;
     Ok(())
 }

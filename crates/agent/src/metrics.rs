@@ -1,9 +1,9 @@
-//! The agent's Prometheus metrics, hand-written (no registry crate): counters and histograms
-//! behind one mutex, rendered in the text exposition format.
+//! The agent's Prometheus metrics, in a `prometheus-client` registry (served as `/metrics` by
+//! [`stasis_service::admin`]):
 //!
 //! - `stasis_agent_checkpoints_total{result}` / `stasis_agent_restores_total{result}`
 //! - `stasis_agent_phase_seconds{phase}` histogram: `freeze`, `dump`, `upload`, `fetch`,
-//!   `checkpoint_total`
+//!   `restore`, `checkpoint_total`
 //! - `stasis_agent_checkpoint_bytes_total{kind}`: `logical` (captured), `uploaded` (new, stored);
 //!   `stasis_agent_fetched_bytes_total`
 //! - `stasis_agent_errors_total{kind}` (kinds: `AgentError::kind`)
@@ -11,173 +11,201 @@
 //! - `stasis_agent_memory_triggers_total{kind}` (memory checkpoints started: `ContainerLimit`,
 //!   `NodePressure`)
 //! - `stasis_agent_up` 1, `stasis_agent_ready` (the node-ready checks)
+//!
+//! The chart's dashboard and alerts use these names (`scripts/lint chart` checks them against
+//! [`EXPOSED`]).
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use stasis_service::admin::Exposition;
 
-const BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+/// Histogram buckets of `stasis_agent_phase_seconds`, seconds.
+const BUCKETS: [f64; 11] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    counters: BTreeMap<(&'static str, String), u64>,
-    hist: BTreeMap<String, Histogram>,
-    ready: bool,
-}
-
-#[derive(Debug, Default)]
-pub struct Metrics {
-    inner: Mutex<Inner>,
-}
-
-const HELP: &[(&str, &str, &str)] = &[
-    (
-        "stasis_agent_checkpoints_total",
-        "counter",
-        "Checkpoints by result (succeeded, failed, fenced, skipped).",
-    ),
-    (
-        "stasis_agent_restores_total",
-        "counter",
-        "Restores by result (prepared, failed, restored, cold_start).",
-    ),
-    (
-        "stasis_agent_checkpoint_bytes_total",
-        "counter",
-        "Checkpoint bytes: logical (captured) and uploaded (new chunks, stored).",
-    ),
-    (
-        "stasis_agent_fetched_bytes_total",
-        "counter",
-        "Bytes of checkpoints fetched and verified for restores.",
-    ),
-    ("stasis_agent_errors_total", "counter", "Errors by kind."),
-    (
-        "stasis_agent_cloud_notices_total",
-        "counter",
-        "Notices of the node's end from its cloud, by kind (Reclaim, Maintenance, RebalanceRecommendation).",
-    ),
-    (
-        "stasis_agent_memory_triggers_total",
-        "counter",
-        "Memory checkpoints started, by cause (ContainerLimit: a container passed the policy's share of its limit; NodePressure: the node reports MemoryPressure).",
-    ),
+/// Every name the exposition holds (the chart's dashboard and alerts are checked against it;
+/// the test below checks the exposition holds them).
+pub const EXPOSED: &[&str] = &[
+    "stasis_agent_up",
+    "stasis_agent_ready",
+    "stasis_agent_checkpoints_total",
+    "stasis_agent_restores_total",
+    "stasis_agent_checkpoint_bytes_total",
+    "stasis_agent_fetched_bytes_total",
+    "stasis_agent_errors_total",
+    "stasis_agent_cloud_notices_total",
+    "stasis_agent_memory_triggers_total",
+    "stasis_agent_phase_seconds_bucket",
+    "stasis_agent_phase_seconds_sum",
+    "stasis_agent_phase_seconds_count",
 ];
 
-impl Metrics {
-    fn inc(&self, name: &'static str, label: &str, by: u64) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        *g.counters.entry((name, label.to_owned())).or_default() += by;
-    }
+// Label values are fixed words of the code (results, `AgentError::kind`, phases, notice and
+// memory causes), never input: prometheus-client 0.24 writes them without escaping.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: String,
+}
+
+fn phase_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+type PhaseFamily = Family<PhaseLabel, Histogram, fn() -> Histogram>;
+
+/// The agent's counters, gauges and histogram, and the registry that holds them.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    checkpoints: Family<ResultLabel, Counter>,
+    restores: Family<ResultLabel, Counter>,
+    checkpoint_bytes: Family<KindLabel, Counter>,
+    fetched_bytes: Counter,
+    errors: Family<KindLabel, Counter>,
+    notices: Family<KindLabel, Counter>,
+    memory_triggers: Family<KindLabel, Counter>,
+    ready: Gauge,
+    phases: PhaseFamily,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let up: Gauge = Gauge::default();
+        up.set(1);
+        let m = Self {
+            registry: Registry::default(),
+            checkpoints: Family::default(),
+            restores: Family::default(),
+            checkpoint_bytes: Family::default(),
+            fetched_bytes: Counter::default(),
+            errors: Family::default(),
+            notices: Family::default(),
+            memory_triggers: Family::default(),
+            ready: Gauge::default(),
+            phases: Family::new_with_constructor(phase_histogram),
+        };
+        // Counters are registered without `_total`: the encoder adds it.
+        registry.register("stasis_agent_up", "The agent is running.", up);
+        registry.register(
+            "stasis_agent_ready",
+            "The node passes the restore checks (label stasis.dev/ready).",
+            m.ready.clone(),
+        );
+        registry.register(
+            "stasis_agent_checkpoints",
+            "Checkpoints by result (succeeded, failed, fenced, skipped).",
+            m.checkpoints.clone(),
+        );
+        registry.register(
+            "stasis_agent_restores",
+            "Restores by result (prepared, failed, restored, cold_start, damaged).",
+            m.restores.clone(),
+        );
+        registry.register(
+            "stasis_agent_checkpoint_bytes",
+            "Checkpoint bytes: logical (captured) and uploaded (new chunks, stored).",
+            m.checkpoint_bytes.clone(),
+        );
+        registry.register(
+            "stasis_agent_fetched_bytes",
+            "Bytes of checkpoints fetched and verified for restores.",
+            m.fetched_bytes.clone(),
+        );
+        registry.register("stasis_agent_errors", "Errors by kind.", m.errors.clone());
+        registry.register(
+            "stasis_agent_cloud_notices",
+            "Notices of the node's end from its cloud, by kind (Reclaim, Maintenance, RebalanceRecommendation).",
+            m.notices.clone(),
+        );
+        registry.register(
+            "stasis_agent_memory_triggers",
+            "Memory checkpoints started, by cause (ContainerLimit: a container passed the policy's share of its limit; NodePressure: the node reports MemoryPressure).",
+            m.memory_triggers.clone(),
+        );
+        registry.register(
+            "stasis_agent_phase_seconds",
+            "Duration of checkpoint and restore phases.",
+            m.phases.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+fn label<L>(f: impl FnOnce(String) -> L, v: &str) -> L {
+    f(v.to_owned())
+}
+
+impl Metrics {
     pub fn checkpoint(&self, result: &str) {
-        self.inc("stasis_agent_checkpoints_total", result, 1);
+        self.checkpoints
+            .get_or_create(&label(|result| ResultLabel { result }, result))
+            .inc();
     }
     pub fn restore(&self, result: &str) {
-        self.inc("stasis_agent_restores_total", result, 1);
+        self.restores
+            .get_or_create(&label(|result| ResultLabel { result }, result))
+            .inc();
     }
     pub fn error(&self, kind: &str) {
-        self.inc("stasis_agent_errors_total", kind, 1);
+        self.errors
+            .get_or_create(&label(|kind| KindLabel { kind }, kind))
+            .inc();
     }
     pub fn notice(&self, kind: &str) {
-        self.inc("stasis_agent_cloud_notices_total", kind, 1);
+        self.notices
+            .get_or_create(&label(|kind| KindLabel { kind }, kind))
+            .inc();
     }
     pub fn memory_trigger(&self, kind: &str) {
-        self.inc("stasis_agent_memory_triggers_total", kind, 1);
+        self.memory_triggers
+            .get_or_create(&label(|kind| KindLabel { kind }, kind))
+            .inc();
     }
     pub fn checkpoint_bytes(&self, logical: u64, uploaded: u64) {
-        self.inc("stasis_agent_checkpoint_bytes_total", "logical", logical);
-        self.inc("stasis_agent_checkpoint_bytes_total", "uploaded", uploaded);
+        for (kind, n) in [("logical", logical), ("uploaded", uploaded)] {
+            self.checkpoint_bytes
+                .get_or_create(&label(|kind| KindLabel { kind }, kind))
+                .inc_by(n);
+        }
     }
     pub fn fetched_bytes(&self, n: u64) {
-        self.inc("stasis_agent_fetched_bytes_total", "", n);
+        self.fetched_bytes.inc_by(n);
     }
     pub fn set_ready(&self, ready: bool) {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).ready = ready;
+        self.ready.set(i64::from(ready));
     }
 
     /// Observes a phase duration in milliseconds.
     pub fn phase_ms(&self, phase: &str, ms: u64) {
-        let secs = ms as f64 / 1000.0;
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let h = g.hist.entry(phase.to_owned()).or_insert_with(|| Histogram {
-            counts: vec![0; BUCKETS.len()],
-            ..Default::default()
-        });
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if secs <= *b {
-                h.counts[i] += 1;
-            }
-        }
-        h.sum += secs;
-        h.count += 1;
+        self.phases
+            .get_or_create(&label(|phase| PhaseLabel { phase }, phase))
+            .observe(ms as f64 / 1000.0);
     }
 
-    /// The text exposition format.
+    /// The text exposition (OpenMetrics).
     pub fn render(&self) -> String {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut s = String::new();
-        s.push_str("# HELP stasis_agent_up The agent is running.\n# TYPE stasis_agent_up gauge\nstasis_agent_up 1\n");
-        let _ = writeln!(
-            s,
-            "# HELP stasis_agent_ready The node passes the restore checks (label stasis.dev/ready).\n# TYPE stasis_agent_ready gauge\nstasis_agent_ready {}",
-            u8::from(g.ready)
-        );
-        for (name, kind, help) in HELP {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            let label = match *name {
-                "stasis_agent_checkpoints_total" | "stasis_agent_restores_total" => "result",
-                _ => "kind",
-            };
-            for ((n, l), v) in g.counters.iter().filter(|((n, _), _)| n == name) {
-                if l.is_empty() {
-                    let _ = writeln!(s, "{n} {v}");
-                } else {
-                    let _ = writeln!(s, "{n}{{{label}=\"{}\"}} {v}", escape(l));
-                }
-            }
-        }
-        s.push_str("# HELP stasis_agent_phase_seconds Duration of checkpoint and restore phases.\n# TYPE stasis_agent_phase_seconds histogram\n");
-        for (phase, h) in &g.hist {
-            let p = escape(phase);
-            for (i, b) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    s,
-                    "stasis_agent_phase_seconds_bucket{{phase=\"{p}\",le=\"{b}\"}} {}",
-                    h.counts[i]
-                );
-            }
-            let _ = writeln!(
-                s,
-                "stasis_agent_phase_seconds_bucket{{phase=\"{p}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                s,
-                "stasis_agent_phase_seconds_sum{{phase=\"{p}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                s,
-                "stasis_agent_phase_seconds_count{{phase=\"{p}\"}} {}",
-                h.count
-            );
-        }
-        s
+        self.registry.encode()
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl Exposition for Metrics {
+    fn encode(&self) -> String {
+        self.render()
+    }
 }
 
 #[cfg(test)]
@@ -191,7 +219,9 @@ mod tests {
         m.checkpoint("succeeded");
         m.checkpoint("fenced");
         m.error("store");
+        m.notice("Reclaim");
         m.memory_trigger("ContainerLimit");
+        m.restore("prepared");
         m.checkpoint_bytes(100, 10);
         m.fetched_bytes(7);
         m.phase_ms("freeze", 200);
@@ -207,14 +237,21 @@ mod tests {
             "stasis_agent_memory_triggers_total{kind=\"ContainerLimit\"} 1",
             "stasis_agent_checkpoint_bytes_total{kind=\"uploaded\"} 10",
             "stasis_agent_fetched_bytes_total 7",
-            "stasis_agent_phase_seconds_bucket{phase=\"freeze\",le=\"0.25\"} 1",
-            "stasis_agent_phase_seconds_bucket{phase=\"freeze\",le=\"5\"} 2",
-            "stasis_agent_phase_seconds_bucket{phase=\"freeze\",le=\"+Inf\"} 2",
+            "stasis_agent_phase_seconds_bucket{le=\"0.25\",phase=\"freeze\"} 1",
+            "stasis_agent_phase_seconds_bucket{le=\"5.0\",phase=\"freeze\"} 2",
+            "stasis_agent_phase_seconds_bucket{le=\"+Inf\",phase=\"freeze\"} 2",
             "stasis_agent_phase_seconds_sum{phase=\"freeze\"} 3.2",
             "# TYPE stasis_agent_phase_seconds histogram",
         ] {
             assert!(t.contains(want), "missing {want} in\n{t}");
         }
-        assert_eq!(escape("a\"b"), "a\\\"b");
+        for name in EXPOSED {
+            assert!(
+                t.lines()
+                    .any(|l| l.starts_with(&format!("{name} "))
+                        || l.starts_with(&format!("{name}{{"))),
+                "{name} is not exposed:\n{t}"
+            );
+        }
     }
 }

@@ -16,6 +16,8 @@ use crate::executor::{Executor, ExecutorConfig, KeySource, StaticKey};
 use crate::keys::ClusterKey;
 use crate::metrics::Metrics;
 use crate::node::{Agent, Busy, Standalone};
+use stasis_service::admin::{self, Readiness};
+use stasis_service::shutdown::Shutdown;
 
 /// Where the key broker is and how to reach it.
 #[derive(Debug, Clone)]
@@ -59,19 +61,11 @@ pub struct Config {
     pub cloud: crate::notice::NoticeSettings,
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
-}
-
-/// Runs the agent on `rt` until a termination signal.
-pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
+/// Runs the agent on `rt` until `shutdown` (the binary's: SIGTERM or SIGINT).
+pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
+    // Ready once the pods of this node are known (at once without Kubernetes).
+    let ready = Readiness::default();
     let store = Arc::new(Store::open(&cfg.store)?);
     let client = if cfg.standalone {
         None
@@ -132,10 +126,16 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
 
     if let Some(addr) = cfg.metrics_addr {
         let listener = rt
-            .block_on(tokio::net::TcpListener::bind(addr))
+            .block_on(admin::bind(addr))
             .map_err(AgentError::io(addr.to_string()))?;
-        rt.spawn(crate::http::serve(listener, metrics.clone()));
-        info!(%addr, "serving /metrics and /healthz");
+        let stop = shutdown.clone();
+        rt.spawn(admin::serve(
+            listener,
+            metrics.clone(),
+            ready.clone(),
+            async move { stop.wait().await },
+        ));
+        info!(%addr, "serving /metrics, /livez and /readyz");
     }
 
     let busy = Arc::new(Busy::default());
@@ -201,7 +201,19 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<()> {
     let server = crate::server::serve(listener, agent, stop.clone());
     info!(socket = %cfg.socket.display(), node = %cfg.node_name, store = %cfg.store, "stasisd running");
 
-    rt.block_on(shutdown_signal());
+    match &successor {
+        // Ready: the pods of this node are known (what every watcher waits for).
+        Some(cluster) => {
+            let (pods, ready) = (cluster.pods.clone(), ready.clone());
+            rt.spawn(async move {
+                stasis_api::cache::wait_ready(&pods).await;
+                ready.set(true);
+            });
+        }
+        None => ready.set(true),
+    }
+
+    rt.block_on(shutdown.wait());
     info!("stopping");
     stop.store(true, Ordering::SeqCst);
     crate::server::wake(&cfg.socket);

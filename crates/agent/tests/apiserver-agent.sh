@@ -179,6 +179,13 @@ if wait_for 30 node_ready; then
 else
     fail "node ready label: $(kubectl get node test-node -o jsonpath='{.metadata.labels}')"
 fi
+# The admin server: alive, and ready once the pods of the node are known.
+if wait_for 30 curl -fsS "http://127.0.0.1:$metrics_port/readyz" >/dev/null &&
+    curl -fsS "http://127.0.0.1:$metrics_port/livez" >/dev/null; then
+    pass "/livez and /readyz answer ok"
+else
+    fail "/readyz: $(curl -sS "http://127.0.0.1:$metrics_port/readyz" 2>&1)"
+fi
 
 sleep 2
 echo "info stasisd idle with its watchers: VmRSS $(awk '/^VmRSS/{print int($2/1024)}' /proc/$agent_pid/status) MiB"

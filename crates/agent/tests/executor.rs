@@ -372,7 +372,8 @@ fn stasisd_rss_idle_and_while_checkpointing() {
     let body = {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        // HTTP/1.1 keeps a connection open unless asked: read to its end.
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .unwrap();
         let mut b = String::new();
         s.read_to_string(&mut b).unwrap();

@@ -18,6 +18,9 @@ use crate::record::Records;
 use crate::server;
 use crate::wait::{self, WaitArgs};
 use crate::webhook::{Webhook, WebhookConfig};
+use stasis_service::admin::Readiness;
+use stasis_service::shutdown::Shutdown;
+use stasis_service::telemetry::LogArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -27,9 +30,8 @@ use crate::webhook::{Webhook, WebhookConfig};
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
-    /// Log as JSON lines.
-    #[arg(long, env = "STASIS_LOG_JSON", global = true)]
-    pub log_json: bool,
+    #[command(flatten)]
+    pub log: LogArgs,
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
@@ -58,7 +60,7 @@ pub struct RunArgs {
     /// RuntimeClass of opted-in pods.
     #[arg(long, env = "STASIS_RUNTIME_CLASS", default_value = "stasis")]
     pub runtime_class: String,
-    /// `/metrics` and `/healthz`.
+    /// The admin server (`/metrics`, `/livez`, `/readyz`) and the restore status endpoint.
     #[arg(long, env = "STASIS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
     /// The webhook's HTTPS listener (`/mutate`).
@@ -193,27 +195,10 @@ pub fn wait_restore(a: &WaitRestoreArgs) {
     eprintln!("stasis-restore-wait: {why}");
 }
 
-/// SIGTERM (what the kubelet sends) or SIGINT. The controller runs as its container's PID 1,
-/// where a signal without a handler is ignored: a follower waiting for the lease must handle
-/// SIGTERM itself, or every stop (rollout, uninstall) waits for the grace period's SIGKILL.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 /// Runs the webhook and metrics servers on every replica, and the reconcilers while this
-/// replica holds the lease. Returns when the reconcilers stop (signal) or leadership is lost.
-pub async fn run(a: RunArgs) -> anyhow::Result<()> {
+/// replica holds the lease. Returns when the reconcilers stop (`shutdown`: the binary's
+/// SIGTERM or SIGINT; a follower waiting for the lease stops on it too) or leadership is lost.
+pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     // Both of rustls's providers are linked (the store's HTTP client brings aws-lc-rs); the
     // process uses ring, like the Kubernetes client.
     let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
@@ -252,17 +237,23 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
             &a.runtime_class,
             ring,
         ));
-        let (addr, metrics) = (a.key_broker_addr, metrics.clone());
+        let (addr, metrics, stop) = (a.key_broker_addr, metrics.clone(), shutdown.clone());
         tokio::spawn(async move {
-            if let Err(e) = server::serve_broker(addr, tls, broker, metrics).await {
+            if let Err(e) = server::serve_broker(addr, tls, broker, metrics, stop).await {
                 tracing::error!(error = %e, "key broker");
             }
         });
     }
+    // Ready once the servers are up: what a replica serves (the webhook, the restore status,
+    // the key broker) reads the API server directly; the reconcilers' caches are the leader's.
+    let ready = Readiness::default();
+    let admin = stasis_service::admin::bind(a.metrics_addr).await?;
     tokio::spawn(server::serve_metrics(
-        a.metrics_addr,
+        admin,
         metrics.clone(),
+        ready.clone(),
         client.clone(),
+        shutdown.clone(),
     ));
     if !a.no_webhook {
         let tls = if a.webhook_insecure_http {
@@ -291,8 +282,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
             },
         });
         let addr = a.webhook_addr;
+        let stop = shutdown.clone();
         tokio::spawn(async move {
-            if let Err(e) = server::serve_webhook(addr, tls, hook).await {
+            if let Err(e) = server::serve_webhook(addr, tls, hook, stop).await {
                 tracing::error!(error = %e, "webhook server");
             }
         });
@@ -309,10 +301,11 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         duration: Duration::from_secs(a.lease_seconds),
         renew_every: Duration::from_secs((a.lease_seconds / 3).max(1)),
     };
+    ready.set(true);
     tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the leader lease");
     tokio::select! {
         _ = leader::acquire(&leases, &lease) => {}
-        _ = shutdown_signal() => return Ok(()),
+        _ = shutdown.wait() => return Ok(()),
     }
     metrics.leader.set(1);
     tracing::info!(identity = %lease.identity, "leading");
@@ -370,5 +363,13 @@ mod tests {
         ])
         .unwrap();
         assert!(matches!(c.command, Some(Command::WaitRestore(ref w)) if w.timeout_seconds == 5));
+        // The shared logging flags, and the older `--log-json` the chart may still set.
+        use stasis_service::telemetry::LogFormat;
+        let c = Cli::try_parse_from(["stasis-controller", "--log-json"]).unwrap();
+        assert_eq!(c.log.format(), LogFormat::Json);
+        let c = Cli::try_parse_from(["stasis-controller", "run", "--log-format=json"]).unwrap();
+        assert_eq!(c.log.format(), LogFormat::Json);
+        let c = Cli::try_parse_from(["stasis-controller"]).unwrap();
+        assert_eq!(c.log.format(), LogFormat::Text);
     }
 }

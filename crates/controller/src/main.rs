@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use stasis_controller::app::{self, Cli, Command};
+use stasis_service::shutdown::Shutdown;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -14,9 +15,9 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run(a)) => a,
         None => cli.run,
     };
-    stasis_controller::telemetry::init(cli.log_json);
+    stasis_service::telemetry::init(&cli.log);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(app::run(run))
+        .block_on(async { app::run(run, Shutdown::on_signal()).await })
 }

@@ -1,69 +1,24 @@
-//! HTTP servers: `/metrics` and `/healthz` (plain HTTP), and the webhook's `/mutate` over HTTPS
-//! with the certificate and key the chart mounts (PEM files, re-read at every start).
+//! The controller's HTTP servers (`stasis_service::http`): the admin routes (`/metrics`,
+//! `/livez`, `/readyz`) with the restore status endpoint (plain HTTP), the webhook's `/mutate`
+//! and the key broker over HTTPS with the certificate and key the chart mounts (PEM files, read
+//! at every start). All stop on the process's shutdown.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use stasis_service::admin::{self, Readiness};
+use stasis_service::http::{not_found, reply, serve, Body};
+use stasis_service::shutdown::Shutdown;
 use tokio::net::TcpListener;
 use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 use crate::webhook::{final_wait_budget, review, Webhook};
-
-fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(body.into()))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
-}
-
-/// Serves `handler` on every connection accepted by `listener` (plain HTTP/1.1).
-async fn serve<H, F>(listener: TcpListener, tls: Option<TlsAcceptor>, handler: H)
-where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept");
-                continue;
-            }
-        };
-        let handler = handler.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let handler = handler.clone();
-                async move { Ok::<_, Infallible>(handler(req).await) }
-            });
-            let http = hyper::server::conn::http1::Builder::new();
-            let res = match tls {
-                Some(tls) => match tls.accept(stream).await {
-                    Ok(s) => http.serve_connection(TokioIo::new(s), svc).await,
-                    Err(e) => {
-                        tracing::debug!(error = %e, %peer, "tls handshake");
-                        return;
-                    }
-                },
-                None => http.serve_connection(TokioIo::new(stream), svc).await,
-            };
-            if let Err(e) = res {
-                tracing::debug!(error = %e, %peer, "connection");
-            }
-        });
-    }
-}
 
 /// `<namespace>/<pod>` from `/v1/restores/<namespace>/<pod>`, when both are plausible names.
 pub fn restore_path(path: &str) -> Option<(&str, &str)> {
@@ -88,7 +43,7 @@ pub fn phase_body(phase: Option<stasis_api::RestorePhase>) -> String {
 /// The status a restoring pod's wait container asks for: `{"phase": ...}` of the `PodRestore`
 /// named after the pod (404 while there is none; `ColdStart` when the controller has handled the
 /// pod's decision and made none).
-async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<Full<Bytes>> {
+async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<Body> {
     let api = kube::Api::<stasis_api::PodRestore>::namespaced(client.clone(), ns);
     match api.get_opt(pod).await {
         Ok(Some(r)) => {
@@ -121,39 +76,40 @@ async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<
     }
 }
 
-/// `/metrics` (Prometheus text), `/healthz`, and `/v1/restores/<namespace>/<pod>` (for the
-/// wait containers of restoring pods) on `addr`.
+/// The admin routes (`stasis_service::admin`: `/metrics`, `/livez`, `/readyz`) and
+/// `/v1/restores/<namespace>/<pod>` (for the wait containers of restoring pods) on `listener`,
+/// until `shutdown`.
 pub async fn serve_metrics(
-    addr: SocketAddr,
+    listener: TcpListener,
     metrics: Metrics,
+    ready: Readiness,
     client: kube::Client,
-) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "metrics, health and restore status");
-    serve(listener, None, move |req: Request<Incoming>| {
-        let metrics = metrics.clone();
-        let client = client.clone();
+    shutdown: Shutdown,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "metrics, health and restore status");
+    }
+    let registry = metrics.registry.clone();
+    let handler = move |req: Request<Incoming>| {
+        let (registry, ready, client) = (registry.clone(), ready.clone(), client.clone());
         async move {
             let path = req.uri().path().to_owned();
-            match (req.method(), path.as_str()) {
-                (&Method::GET, "/metrics") => reply(
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.encode(),
-                ),
-                (&Method::GET, "/healthz" | "/readyz") => {
-                    reply(StatusCode::OK, "text/plain", "ok\n")
-                }
-                (&Method::GET, p) => match restore_path(p) {
-                    Some((ns, pod)) => restore_status(&client, ns, pod).await,
-                    None => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
-                },
-                _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+            if let Some(r) = admin::route(req.method(), &path, &*registry, &ready) {
+                return r;
+            }
+            match (req.method(), restore_path(&path)) {
+                (&Method::GET, Some((ns, pod))) => restore_status(&client, ns, pod).await,
+                _ => not_found(),
             }
         }
-    })
-    .await;
-    Ok(())
+    };
+    serve(
+        listener,
+        None,
+        handler,
+        async move { shutdown.wait().await },
+    )
+    .await
 }
 
 /// The TLS settings from a PEM certificate chain and key. With `client_ca` (PEM), only clients
@@ -207,10 +163,11 @@ pub async fn serve_webhook(
     addr: SocketAddr,
     tls: Option<TlsAcceptor>,
     hook: Arc<Webhook>,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = admin::bind(addr).await?;
     tracing::info!(%addr, https = tls.is_some(), "admission webhook");
-    serve(listener, tls, move |req: Request<Incoming>| {
+    let handler = move |req: Request<Incoming>| {
         let hook = hook.clone();
         async move {
             match (req.method(), req.uri().path()) {
@@ -227,11 +184,11 @@ pub async fn serve_webhook(
                     }
                 }
                 (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
-                _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+                _ => not_found(),
             }
         }
-    })
-    .await;
+    };
+    serve(listener, tls, handler, async move { shutdown.wait().await }).await;
     Ok(())
 }
 
@@ -243,16 +200,17 @@ pub async fn serve_broker(
     tls: TlsAcceptor,
     broker: Arc<crate::broker::Broker>,
     metrics: Metrics,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = admin::bind(addr).await?;
     tracing::info!(%addr, "key broker");
-    serve(listener, Some(tls), move |req: Request<Incoming>| {
+    let handler = move |req: Request<Incoming>| {
         let broker = broker.clone();
         let metrics = metrics.clone();
         async move {
             let path = req.uri().path().to_owned();
             let Some(ns) = path.strip_prefix(stasis_api::keys::BROKER_PATH) else {
-                return reply(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+                return not_found();
             };
             if req.method() != Method::GET {
                 return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET\n");
@@ -289,6 +247,9 @@ pub async fn serve_broker(
                 }
             }
         }
+    };
+    serve(listener, Some(tls), handler, async move {
+        shutdown.wait().await
     })
     .await;
     Ok(())
