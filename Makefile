@@ -57,7 +57,10 @@ e2e: setup images ## end-to-end tests on the local Kubernetes cluster: the clust
 	for s in $(E2E_SCRIPTS); do tests/e2e/$$s.sh || rc=1; done; \
 	echo "# e2e tier: $$(( $$(date +%s) - t0 )) s"; \
 	exit $$rc
-E2E_SCRIPTS ?= cluster install restore security notice triggers
+E2E_SCRIPTS ?= cluster install restore security notice triggers evictions
+
+e2e-evictions: setup images ## only the eviction paths and workload kinds on the local cluster (tests/e2e/evictions.sh; STASIS_E2E_ONLY="1 2 3 4 5 6")
+	tests/e2e/evictions.sh
 
 e2e-install: setup images ## only the chart's install, upgrade and uninstall on the local cluster (tests/e2e/install.sh)
 	tests/e2e/install.sh

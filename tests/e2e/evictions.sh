@@ -1,0 +1,429 @@
+#!/usr/bin/env bash
+# End to end on the local cluster: every way Kubernetes ends a pod, taken by an opted-in counter
+# (`runtimeClassName: stasis`, a CheckpointPolicy with 5 s heartbeats). One install, one
+# namespace; each path: trigger, wait for the replacement to count, check, move on.
+#
+#   1. taint-based eviction: a NoExecute taint the pod does not tolerate, on its node
+#   2. Karpenter-style disruption: karpenter.sh/disrupted:NoSchedule on the node, then an API
+#      eviction of the pod (the eviction subresource, as Karpenter's terminator calls it)
+#   3. priority preemption: a pod of a higher PriorityClass, pinned to the victim's node, needs
+#      the CPU the victim's request holds
+#   4. workload kinds: a StatefulSet (graceful delete; the replacement has the same name), a Job
+#      with restartPolicy Never (drained: an API eviction), an indexed Job (graceful delete)
+#   5. node-pressure eviction by the kubelet (hard threshold, no grace, no disruption budget):
+#      the node's evictionHard memory.available raised above what the kubelet sees available
+#      (its kubelet restarted with that); stasis's own pods on the node survive it
+#   -  graceful node shutdown and the EvictionRequest API: probed and skipped with the reason
+#      (no systemd-logind on these nodes; no evictionrequest controller in Kubernetes 1.37)
+#
+# Each path checks: the replacement is restored (PodRestore phase Restored, a Restored Event),
+# its first count >= the count at the checkpoint it came from (> 0: not a cold start) and <= the
+# last count of the old pod + 1, never state=CORRUPT. It prints, per path, the time from the
+# trigger until the replacement is back at the old pod's last count, and the counts lost (the
+# old pod's last count - the replacement's first + 1), and a table of them at the end.
+#
+# Needs root. Prints "N passed, M failed" (and the skipped), exits non-zero when a check failed.
+# STASIS_E2E_ONLY="1 3": only these paths (4 and 5 run on whatever pod the earlier left);
+# STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up; STASIS_INSTALL_NO_BUILD=1 reuses
+# target/images/stasis.oci.tar.
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CLUSTER=$REPO/scripts/cluster
+STATE=${STASIS_CLUSTER_STATE:-/var/lib/stasis-cluster}
+WORK=$(mktemp -d /tmp/stasis-e2e-evictions.XXXXXX)
+NS=e2e-evict
+TAINT=e2e.stasis.dev/evict
+FIGURES=$WORK/figures
+PRESSURED=""   # a node whose kubelet runs with the raised threshold (restored by cleanup)
+
+# shellcheck source=tests/e2e/lib.sh
+. "$REPO/tests/e2e/lib.sh"
+e2e_begin evictions
+
+# ------------------------------------------------------------------ cleanup (run by finish)
+kubelet_config() { echo "$STATE/nodes/$1/kubelet-config.yaml"; }
+restart_kubelet() { "$STATE/bin/supervisor" ctl --dir "$STATE/supervisor" restart "$1-kubelet" >/dev/null; }
+node_ready() { [ "$(kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+no_memory_pressure() { [ "$(kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="MemoryPressure")].status}')" = False ]; }
+unpressure() {
+  [ -n "$PRESSURED" ] || return 0
+  local n=$PRESSURED; PRESSURED=""
+  mv "$(kubelet_config "$n").e2e-orig" "$(kubelet_config "$n")" && restart_kubelet "$n"
+  retry 90 bash -c "[ \"\$(kubectl get node $n -o jsonpath='{.status.conditions[?(@.type==\"MemoryPressure\")].status}')\" = False ]" ||
+    echo "# warning: $n still reports MemoryPressure"
+}
+untaint() { local n; for n in worker-1 worker-2; do kubectl taint node "$n" "$TAINT-" karpenter.sh/disrupted- 2>/dev/null; done; true; }
+on_exit unpressure
+on_exit untaint
+on_exit "kubectl delete priorityclass e2e-evict-low e2e-evict-high --ignore-not-found"
+figures() {
+  [ -s "$FIGURES" ] || return 0
+  echo "# path | trigger -> back at the old pod's last count (s) | counts lost (100 ms each) | restored from"
+  sed 's/^/# /' "$FIGURES"
+}
+
+# ------------------------------------------------------------------ the workloads
+# the pod template of every workload here: the counter (64 MiB, tick 100 ms), opted in, in the
+# low PriorityClass, with a CPU request (preemption needs one to take) and memory request =
+# limit (the kubelet ranks pods within their requests last under memory pressure)
+template() { # APP RESTART-POLICY
+  cat <<EOF
+    metadata:
+      labels: {app: $1}
+    spec:
+      runtimeClassName: stasis
+      priorityClassName: e2e-evict-low
+      restartPolicy: $2
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: counter
+        image: $COUNTER_IMAGE
+        imagePullPolicy: Never
+        env:
+        - {name: STATE_MB, value: "64"}
+        - {name: INTERVAL_MS, value: "100"}
+        resources:
+          requests: {cpu: 200m, memory: 256Mi}
+          limits: {memory: 256Mi}
+EOF
+}
+job() { # NAME [SPEC-LINE]: a Job of one pod, restartPolicy Never
+  kubectl -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata: {name: $1}
+spec:
+  completions: 1
+  ${2:-parallelism: 1}
+  backoffLimit: 3
+  template:
+$(template "$1" Never)
+EOF
+}
+deployment() {
+  kubectl -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: counter}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: counter}}
+  template:
+$(template counter Always)
+EOF
+}
+
+# ------------------------------------------------------------------ per path
+# follow_as POD KEY: the pod's counter log with timestamps into $WORK/KEY.log (KEY: name.uid, so
+# that the two lives of a StatefulSet's pod do not share a file)
+uid_of() { kubectl -n "$NS" get pod "$1" -o jsonpath='{.metadata.uid}'; }
+follow_as() { kubectl -n "$NS" logs -f --timestamps "$1" -c counter >"$WORK/$2.log" 2>/dev/null & }
+# heartbeats of one pod instance (by UID), "<startTime> <checkpointRef> <reason>", oldest first
+ckpts_of() {
+  kubectl -n "$NS" get pckpt -o json | jq -r --arg u "$1" \
+    '[.items[] | select(.status.sourcePodUID == $u and .status.phase == "Succeeded")] | sort_by(.status.startTime) | .[] | "\(.status.startTime) \(.status.checkpointRef) \(.spec.reason)"'
+}
+has_ckpt() { [ -n "$(ckpts_of "$1")" ]; }
+# arm LABEL POD: the pod counts and a heartbeat of it has Succeeded; sets OLD, OLD_UID, OLD_KEY,
+# OLD_NODE, C_CKPT (the count at that heartbeat)
+arm() {
+  OLD=$2 OLD_UID=$(uid_of "$2")
+  OLD_KEY=$OLD.$OLD_UID OLD_NODE=$(node_of "$NS" "$OLD")
+  follow_as "$OLD" "$OLD_KEY"
+  if ! check "$1: a heartbeat of $OLD (on $OLD_NODE) Succeeded" retry 60 has_ckpt "$OLD_UID"; then
+    diagnose "$NS"; return 1
+  fi
+  sleep 1
+  local last; last=$(ckpts_of "$OLD_UID" | tail -1)
+  C_CKPT=$(count_before "$OLD_KEY" "${last%% *}")
+  echo "# $1: count at the last heartbeat >= $C_CKPT ($last)"
+}
+# the newest pod matching SELECTOR whose UID is not OLD_UID, running and counting
+new_pod() {
+  local p
+  p=$(kubectl -n "$NS" get pods -l "$1" -o json | jq -r --arg u "$OLD_UID" \
+    '[.items[] | select(.metadata.uid != $u and .metadata.deletionTimestamp == null and .status.phase == "Running")] | sort_by(.metadata.creationTimestamp) | last | .metadata.name // empty')
+  [ -n "$p" ] && counting "$NS" "$p" && echo "$p"
+}
+wait_new() { # SELECTOR TIMEOUT
+  local end=$(( $(date +%s) + $2 )) p
+  while [ "$(date +%s)" -lt "$end" ]; do p=$(new_pod "$1") && { echo "$p"; return 0; }; sleep 0.5; done
+  return 1
+}
+newest_restore() { # POD: "<phase> <checkpointRef>" of the newest PodRestore targeting it
+  kubectl -n "$NS" get prestore -o json | jq -r --arg p "$1" \
+    '[.items[] | select(.spec.targetPodName == $p)] | sort_by(.metadata.creationTimestamp) | last | "\(.status.phase // "-") \(.spec.checkpointRef // "-")"'
+}
+restored() { [ "$(newest_restore "$1" | cut -d' ' -f1)" = Restored ]; }
+# a Restored Event on POD UID (one naming the pod without its UID counts: the StatefulSet's first
+# life started cold, so it has none)
+restored_event() {
+  kubectl -n "$NS" get events --field-selector "involvedObject.name=$1,reason=Restored" -o json |
+    jq -e --arg u "$2" '[.items[] | select((.involvedObject.uid // "") == $u or (.involvedObject.uid // "") == "")] | length >= 1' >/dev/null
+}
+epoch() { date -d "$1" +%s.%N; }
+# cold_start_why LABEL POD T_TRIGGER: what the webhook decided for a pod that was not restored,
+# and whether the API server admitted it without asking stasis (a webhook call that failed open)
+cold_start_why() {
+  local since; since=$(date -u -d "@${3%.*}" +%H:%M:%S)
+  echo "# $1: $2 was not restored; webhook decision: $(ann "$NS" "$2" decision) $(ann "$NS" "$2" decision-reason)"
+  echo "# $1: kube-apiserver, since $since:"
+  awk -v t="$since" '$2 >= t && /failing open pods.stasis.dev/' "$STATE/logs/kube-apiserver.log" 2>/dev/null | cut -c1-300 | sed 's/^/#   /'
+}
+# settle LABEL SELECTOR T_TRIGGER: the replacement of OLD counts and is checked; the figures are
+# written; sets NEW (empty when none came)
+settle() {
+  local label=$1 sel=$2 t=$3 new_uid key c_first c_stop reached back ref
+  NEW=$(wait_new "$sel" 150) || { NEW=""; fail "$label: a replacement of $OLD counts (within 150 s)"; diagnose "$NS"; return 1; }
+  new_uid=$(uid_of "$NEW") key=$NEW.$new_uid
+  echo "# $label: replacement $NEW on $(node_of "$NS" "$NEW") counting $(secs "$t") s after the trigger"
+  follow_as "$NEW" "$key"
+  sleep 1
+  c_first=$(first_count "$NS" "$NEW"); c_stop=$(last_count "$OLD_KEY")
+  echo "# $label: count at the heartbeat >= $C_CKPT, last count of $OLD: $c_stop, first count of $NEW: $c_first"
+  if ! check "$label: PodRestore of $NEW Restored ($(newest_restore "$NEW"))" retry 30 restored "$NEW"; then
+    cold_start_why "$label" "$NEW" "$t"
+  fi
+  check "$label: a Restored Event on $NEW" retry 30 restored_event "$NEW" "$new_uid"
+  check "$label: it resumed from a checkpoint: first count ($c_first) >= the count at the last heartbeat ($C_CKPT > 0)" \
+    ge "$c_first" "$((C_CKPT > 0 ? C_CKPT : 1 << 40))"
+  check "$label: ... and not beyond where $OLD stopped ($c_first <= $c_stop + 1)" ge "$((${c_stop:-0} + 1))" "$c_first"
+  check "$label: never state=CORRUPT" not_corrupt "$NS" "$NEW"
+  [ -n "$c_first" ] && [ -n "$c_stop" ] || return 0
+  # back at the old pod's last count: the first line of the replacement that reaches it
+  retry 60 bash -c "awk '\$2 ~ /^count=/ && substr(\$2, 7) + 0 >= $c_stop {f=1} END {exit !f}' '$WORK/$key.log'"
+  reached=$(awk -v c="$c_stop" '$2 ~ /^count=[0-9]+$/ && substr($2, 7) + 0 >= c { print $1; exit }' "$WORK/$key.log")
+  back=-; [ -n "$reached" ] && back=$(awk -v a="$t" -v b="$(epoch "$reached")" 'BEGIN{printf "%.1f", b-a}')
+  ref=$(newest_restore "$NEW" | cut -d' ' -f2)
+  echo "# $label: back at count $c_stop $back s after the trigger; counts lost: $((c_stop - c_first + 1))"
+  echo "$label | $back | $((c_stop - c_first + 1)) | $(kubectl -n "$NS" get pckpt -o json | jq -r --arg r "$ref" '[.items[] | select(.status.checkpointRef == $r) | .spec.reason] | first // "?"')" >>"$FIGURES"
+}
+current() { wait_one_counting "$NS" counter 120; }
+# job_replaced LABEL JOB: the Job makes a replacement of OLD rather than counting OLD as its
+# completion (the counter exits 0 on SIGTERM, like any program that handles it and ends cleanly:
+# a Job pod of restartPolicy Never that does so after its final checkpoint is Succeeded)
+job_replaced() {
+  local end=$(( $(date +%s) + 60 )) done_
+  while [ "$(date +%s)" -lt "$end" ]; do
+    new_pod "job-name=$2" >/dev/null && return 0
+    done_=$(kubectl -n "$NS" get job "$2" -o jsonpath='{.status.succeeded}')
+    if [ "${done_:-0}" -ge 1 ]; then
+      fail "$1: Job $2 replaces its evicted pod $OLD" "the Job completed instead: $OLD exited 0 on the SIGTERM that followed its final checkpoint, so the Job counted the evicted pod as its completion and its work is lost"
+      return 1
+    fi
+    sleep 0.5
+  done
+  return 0
+}
+
+# ------------------------------------------------------------------ up, install, workload
+up_and_install
+new_ns "$NS"
+kubectl apply -f - >/dev/null <<'EOF'
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: e2e-evict-low}
+value: -10
+description: "e2e: the evicted workloads (below every pod of priority 0, stasis's controller included)"
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: e2e-evict-high}
+value: 1000
+description: "e2e: the preemptor"
+EOF
+for a in counter sts job ijob; do policy "$NS" "every-5s-$a" "$a" 5s; done
+deployment
+P=$(current) || { fail "the counter Deployment's pod counts"; diagnose "$NS"; finish; }
+echo "# stasis's pods: $(kubectl -n stasis-system get pods -o wide --no-headers | awk '{print $1 "@" $7}' | tr '\n' ' ')"
+
+# ------------------------------------------------------------------ 1. taint-based eviction
+if want 1; then
+echo "# --- 1. taint-based eviction: $TAINT=now:NoExecute"
+if P=$(current) && arm 1 "$P"; then
+  ctl=$(kubectl -n stasis-system get pods -l app.kubernetes.io/component=controller --field-selector "spec.nodeName=$OLD_NODE" -o name)
+  [ -z "$ctl" ] || echo "# 1: ${ctl#pod/} runs on $OLD_NODE and does not tolerate the taint either: it is evicted with the workload, and a webhook call it was answering fails open"
+  t=$(date +%s.%N)
+  check "1: kubectl taint node $OLD_NODE $TAINT=now:NoExecute" kubectl taint node "$OLD_NODE" "$TAINT=now:NoExecute"
+  settle 1 app=counter "$t"
+  kubectl taint node "$OLD_NODE" "$TAINT-" >/dev/null
+fi
+fi
+
+# ------------------------------------------------------------------ 2. Karpenter-style disruption
+if want 2; then
+echo "# --- 2. Karpenter-style disruption: karpenter.sh/disrupted:NoSchedule, then an API eviction"
+if P=$(current) && arm 2 "$P"; then
+  t=$(date +%s.%N)
+  check "2: kubectl taint node $OLD_NODE karpenter.sh/disrupted:NoSchedule" kubectl taint node "$OLD_NODE" karpenter.sh/disrupted:NoSchedule
+  ev=$(printf '{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"%s","namespace":"%s"}}' "$OLD" "$NS")
+  out=$(kubectl create --raw "/api/v1/namespaces/$NS/pods/$OLD/eviction" -f - <<<"$ev" 2>&1); rc=$?
+  check "2: POST pods/$OLD/eviction accepted" test $rc -eq 0 || echo "# $out"
+  settle 2 app=counter "$t"
+  kubectl taint node "$OLD_NODE" karpenter.sh/disrupted- >/dev/null
+fi
+fi
+
+# ------------------------------------------------------------------ 3. priority preemption
+if want 3; then
+echo "# --- 3. priority preemption"
+if P=$(current) && arm 3 "$P"; then
+  # the preemptor asks 100m more than the node has free: it fits once the victim's 200m are gone
+  alloc=$(kubectl get node "$OLD_NODE" -o jsonpath='{.status.allocatable.cpu}')
+  [[ $alloc == *m ]] && alloc=${alloc%m} || alloc=$((alloc * 1000))
+  used=$(kubectl describe node "$OLD_NODE" | awk '/^Allocated resources/ {a=1} a && $1 == "cpu" {print $2; exit}')
+  [[ $used == *m ]] && used=${used%m} || used=$((used * 1000))
+  want_m=$((alloc - used + 100))
+  echo "# 3: $OLD_NODE allocatable ${alloc}m, requested ${used}m: the preemptor requests ${want_m}m"
+  t=$(date +%s.%N)
+  kubectl -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: preemptor}
+spec:
+  priorityClassName: e2e-evict-high
+  nodeSelector: {kubernetes.io/hostname: $OLD_NODE}
+  terminationGracePeriodSeconds: 0
+  containers:
+  - {name: pause, image: registry.k8s.io/pause:3.10.2, imagePullPolicy: Never, resources: {requests: {cpu: ${want_m}m}}}
+EOF
+  settle 3 app=counter "$t"
+  preempted() { kubectl -n "$NS" get events --field-selector "involvedObject.uid=$OLD_UID,reason=Preempted" -o name | grep -q .; }
+  check "3: $OLD was preempted (a Preempted Event), not deleted otherwise" retry 10 preempted
+  check "3: the preemptor runs on $OLD_NODE" retry 60 bash -c "[ \"\$(kubectl -n $NS get pod preemptor -o jsonpath='{.status.phase}')\" = Running ]"
+  kubectl -n "$NS" delete pod preemptor --grace-period=0 --wait=false >/dev/null
+fi
+fi
+
+# ------------------------------------------------------------------ 4. workload kinds
+if want 4; then
+echo "# --- 4a. StatefulSet: graceful delete, the replacement has the same name"
+kubectl -n "$NS" scale deployment counter --replicas=0 >/dev/null
+kubectl -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: sts}
+spec: {clusterIP: None, selector: {app: sts}, ports: [{port: 7070}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: sts}
+spec:
+  replicas: 1
+  serviceName: sts
+  selector: {matchLabels: {app: sts}}
+  template:
+$(template sts Always)
+EOF
+if P=$(wait_one_counting "$NS" sts 120) && arm 4a "$P"; then
+  t=$(date +%s.%N)
+  kubectl -n "$NS" delete pod "$OLD" --grace-period=30 --wait=false >/dev/null
+  settle 4a app=sts "$t"
+  [ -n "$NEW" ] && check "4a: the replacement has the same name ($NEW)" test "$NEW" = "$OLD"
+else
+  fail "4a: the StatefulSet's pod counts"; diagnose "$NS"
+fi
+kubectl -n "$NS" delete statefulset sts --wait=false >/dev/null
+
+echo "# --- 4b. Job (restartPolicy Never): drained"
+job job
+if P=$(wait_one_counting "$NS" job 120) && arm 4b "$P"; then
+  t=$(date +%s.%N)
+  out=$(drain "$OLD_NODE" --ignore-daemonsets --delete-emptydir-data --pod-selector app=job --timeout=120s 2>&1); rc=$?
+  check "4b: kubectl drain $OLD_NODE --pod-selector app=job" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
+  job_replaced 4b job && settle 4b job-name=job "$t"
+  kubectl uncordon "$OLD_NODE" >/dev/null
+else
+  fail "4b: the Job's pod counts"; diagnose "$NS"
+fi
+kubectl -n "$NS" delete job job --wait=false >/dev/null
+
+echo "# --- 4c. indexed Job (restartPolicy Never): graceful delete"
+job ijob "completionMode: Indexed"
+if P=$(wait_one_counting "$NS" ijob 120) && arm 4c "$P"; then
+  t=$(date +%s.%N)
+  kubectl -n "$NS" delete pod "$OLD" --grace-period=30 --wait=false >/dev/null
+  job_replaced 4c ijob && settle 4c job-name=ijob "$t"
+else
+  fail "4c: the indexed Job's pod counts"; diagnose "$NS"
+fi
+kubectl -n "$NS" delete job ijob --wait=false >/dev/null
+kubectl -n "$NS" scale deployment counter --replicas=1 >/dev/null
+fi
+
+# ------------------------------------------------------------------ 5. node-pressure eviction
+if want 5; then
+echo "# --- 5. node-pressure eviction by the kubelet (hard threshold: no grace, no disruption budget)"
+if P=$(current) && arm 5 "$P"; then
+  cfg=$(kubelet_config "$OLD_NODE")
+  # What the kubelet sees available (the machine's memory less its working set: the nodes share
+  # the host's) + 1 GiB is the new hard threshold, so the node is under MemoryPressure at once.
+  # The threshold also lowers the node's allocatable memory, which must still hold the requests
+  # of the pods on it (else the restarted kubelet rejects them at admission: OutOfmemory, which
+  # is not the path under test).
+  summary=$(kubectl get --raw "/api/v1/nodes/$OLD_NODE/proxy/stats/summary")
+  avail_mi=$(( $(jq -r .node.memory.availableBytes <<<"$summary") >> 20 ))
+  cap=$(kubectl get node "$OLD_NODE" -o jsonpath='{.status.capacity.memory}')
+  cap_mi=$(( ${cap%Ki} >> 10 ))
+  req=$(kubectl describe node "$OLD_NODE" | awk '/^Allocated resources/ {a=1} a && $1 == "memory" {print $2; exit}')
+  case $req in *Mi) req_mi=${req%Mi} ;; *Gi) req_mi=$(( ${req%Gi} << 10 )) ;; *Ki) req_mi=$(( ${req%Ki} >> 10 )) ;; *) req_mi=$(( req >> 20 )) ;; esac
+  thr_mi=$((avail_mi + 1024))
+  echo "# 5: $OLD_NODE: capacity ${cap_mi}Mi, available to the kubelet ${avail_mi}Mi, requested ${req_mi}Mi: memory.available threshold ${thr_mi}Mi"
+  if [ $((cap_mi - thr_mi)) -lt $((req_mi + 256)) ]; then
+    fail "5: the threshold leaves allocatable memory for the pods on $OLD_NODE" \
+      "the host's working set ($((cap_mi - avail_mi))Mi) is below the node's requests + 1.25 GiB: a raised threshold would make the kubelet reject its pods at admission instead of evicting"
+  else
+    agent=$(kubectl -n stasis-system get pods -l app.kubernetes.io/component=agent --field-selector "spec.nodeName=$OLD_NODE" -o jsonpath='{.items[*].metadata.uid}')
+    cp "$cfg" "$cfg.e2e-orig" && PRESSURED=$OLD_NODE
+    sed -i "s/memory.available: [^,}]*/memory.available: ${thr_mi}Mi/" "$cfg"
+    t=$(date +%s.%N)
+    restart_kubelet "$OLD_NODE"
+    # the restart ended `kubectl logs -f` (it streams through the kubelet): follow again, before
+    # the eviction removes the container and its log
+    retry 30 kubectl -n "$NS" logs "$OLD" -c counter --tail=1
+    OLD_KEY=$OLD_KEY.2; follow_as "$OLD" "$OLD_KEY"
+    settle 5 app=counter "$t"
+    # (the eviction manager's Event; the pod's phase is Failed/Evicted or, when its containers
+    # exited 0 on the SIGTERM first, Succeeded)
+    evicted=$(kubectl -n "$NS" get events --field-selector "involvedObject.uid=$OLD_UID,reason=Evicted" -o jsonpath='{.items[*].message}')
+    check "5: $OLD was evicted by the kubelet's eviction manager: ${evicted:-no Evicted Event}" test -n "$evicted"
+    # stasis's own pods on the node: none evicted while the pressure lasts (15 s more: the
+    # kubelet evicts one pod per pass until the threshold is met, and here it never is). The agent
+    # is system-node-critical, which the kubelet never evicts; the controller is what the chart
+    # makes it.
+    echo "# 5: stasis's pods on $OLD_NODE under pressure: $(kubectl -n stasis-system get pods --field-selector "spec.nodeName=$OLD_NODE" -o name | tr '\n' ' ')"
+    sleep 15
+    gone=$(kubectl -n stasis-system get pods -o json | jq -r --arg n "$OLD_NODE" \
+      '.items[] | select(.spec.nodeName == $n and .status.reason == "Evicted") | "\(.metadata.name) (priority \(.spec.priority // 0), \(.status.message))"')
+    check "5: no pod of stasis on $OLD_NODE was evicted${gone:+ -- evicted: $gone}" test -z "$gone"
+    agent_kept() {
+      kubectl -n stasis-system get pods -l app.kubernetes.io/component=agent --field-selector "spec.nodeName=$OLD_NODE" -o json |
+        jq -e --arg u "$agent" '[.items[] | select(.metadata.uid == $u and .status.phase == "Running" and all(.status.containerStatuses[]; .ready))] | length == 1' >/dev/null
+    }
+    check "5: the agent on $OLD_NODE is the same pod, running and ready (system-node-critical: never evicted)" agent_kept
+    unpressure
+    kubectl -n stasis-system delete pods --field-selector status.phase=Failed --wait=false >/dev/null 2>&1
+  fi
+  kubectl -n "$NS" delete pod "$OLD" --wait=false >/dev/null 2>&1
+fi
+
+echo "# --- graceful node shutdown (kubelet shutdownGracePeriod)"
+if [ -S /run/dbus/system_bus_socket ] && busctl status org.freedesktop.login1 >/dev/null 2>&1; then
+  skip "graceful node shutdown" "systemd-logind answers on this machine's system bus, but the nodes' kubelets share it with the host: a shutdown would be the machine's"
+else
+  skip "graceful node shutdown" "the kubelet's shutdown manager connects to the system D-Bus, takes a delay inhibitor lock from systemd-logind (org.freedesktop.login1) and waits for its PrepareForShutdown signal; this machine has no system bus (/run/dbus/system_bus_socket) and no logind, so with shutdownGracePeriod set the kubelet logs 'Failed to start node shutdown manager' and never ends a pod"
+fi
+fi
+
+# ------------------------------------------------------------------ 6. EvictionRequest API
+if want 6; then
+echo "# --- 6. the EvictionRequest API (KEP-4563)"
+K8S=$(kubectl version -o json | jq -r .serverVersion.gitVersion)
+if kubectl api-resources --api-group=lifecycle.k8s.io -o name 2>/dev/null | grep -q '^evictionrequests'; then
+  skip "EvictionRequest" "lifecycle.k8s.io/v1alpha1 is served, but Kubernetes $K8S has no evictionrequest controller: no Eviction is made from an EvictionRequest, no responder is made Active, and stasis has no responder"
+else
+  skip "EvictionRequest" "lifecycle.k8s.io/v1alpha1 is not served here (feature gate EvictionRequestAPI and --runtime-config lifecycle.k8s.io/v1alpha1=true are off); with both, Kubernetes $K8S serves EvictionRequest and Eviction but has no evictionrequest controller to turn one into the other and make a responder Active, and stasis has no responder"
+fi
+fi
+figures
+finish
