@@ -46,7 +46,7 @@ defaults="$(kubectl get checkpointpolicy counter -o jsonpath='{.spec.onTerminati
     || fail "defaults: got '$defaults'"
 policy long 1h30m ", safeVolumes: [db], retention: {keepLast: 5, maxAge: 24h}, triggers: {memoryPercent: 90, spotNotice: true}, maxFreezeFraction: 0.25" \
     | accepts "CheckpointPolicy with every field"
-policy auto auto | refuses "interval auto is refused" "auto is reserved"
+policy auto auto | accepts "interval auto is accepted"
 policy short 500ms | refuses "interval below 1s is refused" "at least 1s"
 policy words "10 seconds" | refuses "interval that is not a duration is refused" "should match"
 policy keep 10s ", retention: {keepLast: 0}" | refuses "keepLast 0 is refused" "greater than or equal to 1"
@@ -79,7 +79,7 @@ kubectl patch podcheckpoint c1 --subresource status --type merge -p '{"status":{
 row="$(kubectl get podcheckpoints --no-headers --field-selector spec.sourcePodName=counter-abc)"
 [[ "$(awk '{print $2, $3, $4, $5, $6, $7}' <<<"$row")" == "counter-abc Heartbeat Succeeded 268435456 850 worker-1" ]] \
     && pass "kubectl get podcheckpoints columns and field selector" || fail "podcheckpoints row: $row"
-header="$(kubectl get podcheckpoints | head -1 | tr -s ' ')"
+header="$(kubectl get podcheckpoints | sed -n 1p | tr -s ' ')"
 [[ "$header" == "NAME POD REASON PHASE SIZE FREEZE (MS) NODE AGE" ]] \
     && pass "podcheckpoints columns: $header" || fail "podcheckpoints header: $header"
 
@@ -99,14 +99,22 @@ if kubectl patch podrestore r1 --subresource status --type merge -p '{"status":{
 else
     pass "PodRestore phase outside the enum refused"
 fi
+# The typed failure the restore-loop guard counts: one of the enum, nothing else.
+kubectl patch podrestore r1 --subresource status --type merge -p '{"status":{"failure":"FetchFailed"}}' >/dev/null 2>&1 \
+    && pass "PodRestore failure FetchFailed accepted" || fail "PodRestore failure FetchFailed refused"
+if kubectl patch podrestore r1 --subresource status --type merge -p '{"status":{"failure":"Flaky"}}' >/dev/null 2>&1; then
+    fail "PodRestore failure outside the enum accepted"
+else
+    pass "PodRestore failure outside the enum refused"
+fi
 kubectl get stasis >/dev/null && pass "category 'stasis' lists all three kinds" || fail "kubectl get stasis"
-header="$(kubectl get podrestores | head -1 | tr -s ' ')"
+header="$(kubectl get podrestores | sed -n 1p | tr -s ' ')"
 [[ "$header" == "NAME TARGET POD CHECKPOINT PHASE NODE AGE" ]] \
     && pass "podrestores columns: $header" || fail "podrestores header: $header"
 row="$(kubectl get podrestore r1 --no-headers | awk '{print $2, $3, $4}')"
 [[ "$row" == "counter-xyz default_deploy_counter.3f2a9c10/20261129T090000.000Z-0000abcd ColdStart" ]] \
     && pass "podrestores row: $row" || fail "podrestores row: $row"
-header="$(kubectl get checkpointpolicies | head -1 | tr -s ' ')"
+header="$(kubectl get checkpointpolicies | sed -n 1p | tr -s ' ')"
 [[ "$header" == "NAME INTERVAL KEEPLAST PODS READY AGE" ]] \
     && pass "checkpointpolicies columns: $header" || fail "checkpointpolicies header: $header"
 
