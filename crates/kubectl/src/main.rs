@@ -97,7 +97,7 @@ enum Command {
     Restore {
         /// The pod that resumes from the checkpoint
         pod: String,
-        /// The checkpoint: a PodCheckpoint's name, or a reference <lineage>/<id> (see `list`)
+        /// The checkpoint: a PodCheckpoint's name, or a reference LINEAGE/ID (as list shows)
         #[arg(long)]
         from: String,
         /// Ask the API server, create nothing
