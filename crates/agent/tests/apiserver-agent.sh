@@ -23,22 +23,15 @@ stasisd=$1
 wrapper=$2
 lineage=$3
 record_name=$4
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cache="${STASIS_CACHE:-$HOME/.cache/stasis}/platform"
-apiserver="$(ls -d "$cache"/kubernetes-v*/bin/kube-apiserver 2>/dev/null | sort -V | tail -1 || true)"
-etcd="$(ls -d "$cache"/etcd-v*/bin/etcd 2>/dev/null | sort -V | tail -1 || true)"
-if [[ -z "$apiserver" || -z "$etcd" ]] || ! command -v kubectl >/dev/null || ! command -v openssl >/dev/null; then
-    echo "SKIP apiserver-agent: needs kube-apiserver and etcd under $cache (scripts/cluster up builds them), kubectl and openssl"
-    exit 77
-fi
+# shellcheck source=tests/lib/apiserver.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../tests/lib/apiserver.sh"
+apiserver_need apiserver-agent
 if [[ $(id -u) != 0 ]] || ! command -v runc >/dev/null || [[ ! -x $root/target/images/counter/rootfs/stasis-counter ]]; then
     echo "SKIP apiserver-agent: needs root, runc and the counter image (scripts/build-counter-image)"
     exit 77
 fi
 
-work="$(mktemp -d /tmp/stasis-agent-api-XXXXXX)"
 runc_root="/run/stasis-agent-test-api-$$"
-pids=()
 agent_pid=
 cleanup() {
     local rc=$?
@@ -48,57 +41,15 @@ cleanup() {
     [[ -n $agent_pid ]] && kill "$agent_pid" 2>/dev/null || true
     runc --root "$runc_root" delete --force c1 >/dev/null 2>&1 || true
     rm -rf "$runc_root"
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}" $agent_pid; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-    rm -rf "$work"
+    [[ -z $agent_pid ]] || stop_at_exit "$agent_pid"
+    apiserver_stop
 }
 trap cleanup EXIT
+# (no ServiceAccount admission: without a controller-manager no namespace has its default
+# ServiceAccount, which it would require of every pod)
+APISERVER_OWN_TRAP=1 apiserver_start --disable-admission-plugins ServiceAccount
+metrics_port="$(free_port)"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"; metrics_port="$(free_port)"
-
-openssl genrsa -out "$work/sa.key" 2048 2>/dev/null
-echo "admintoken,admin,admin,system:masters" >"$work/tokens.csv"
-"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
-    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
-    >"$work/etcd.log" 2>&1 &
-pids+=($!)
-"$apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" --secure-port "$api_port" --bind-address 127.0.0.1 \
-    --cert-dir "$work/certs" --token-auth-file "$work/tokens.csv" --authorization-mode AlwaysAllow \
-    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$work/sa.key" \
-    --service-account-signing-key-file "$work/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
-    --disable-admission-plugins ServiceAccount \
-    >"$work/apiserver.log" 2>&1 &
-pids+=($!)
-
-cat >"$work/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: t, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
-users: [{name: a, user: {token: admintoken}}]
-contexts: [{name: t, context: {cluster: t, user: a, namespace: default}}]
-current-context: t
-EOF
-export KUBECONFIG="$work/kubeconfig"
-for _ in $(seq 120); do
-    kubectl get --raw /readyz >/dev/null 2>&1 && break
-    sleep 0.5
-done
-kubectl get --raw /readyz >/dev/null 2>&1 || { echo "FAIL: kube-apiserver not ready"; tail -20 "$work/apiserver.log"; exit 1; }
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1" >&2; failures=$((failures + 1)); }
-# wait_for <seconds> <command...>: until the command succeeds.
-wait_for() {
-    local n=$(($1 * 5)); shift
-    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-    return 1
-}
 jp() { kubectl get "$1" "$2" ${3:+-n "$3"} -o jsonpath="$4" 2>/dev/null; }
 # phase_is <kind> <name> <phase> (in namespace default); node_ready: the label is true.
 phase_is() { test "$(jp "$1" "$2" default '{.status.phase}')" = "$3"; }

@@ -39,11 +39,11 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
     }
     let mut w = World::new("exec");
     let rt = runtime();
-    let exec = w.executor(&rt);
+    let exec = executor(&w, &rt);
     let env = ["STATE_MB=16", "INTERVAL_MS=100"];
 
     // The source pod's app container.
-    let b1 = w.cri_bundle("b1", &env, "uid-source-1", "counter-a");
+    let b1 = pod_bundle(&w, "b1", &env, "uid-source-1", "counter-a");
     let lines = w.run_piped(&b1, "c1");
     wait_counts(&lines, 5);
     std::fs::write(b1.join("rootfs/note.txt"), "written before the checkpoint").unwrap();
@@ -87,7 +87,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
 
     // The replacement pod: the agent prepares the restore (fetch, verify, plan file). Its
     // bundle carries the image digest the checkpoint recorded (make-bundle's annotation).
-    let b2 = w.cri_bundle("b2", &env, "uid-replacement-2", "counter-b");
+    let b2 = pod_bundle(&w, "b2", &env, "uid-replacement-2", "counter-b");
     let digest = stasis_engine::restore::bundle_image_digest(&b2).unwrap();
     assert!(digest.is_some());
     let prepared = exec
@@ -110,8 +110,8 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
     assert!(prepared.image_dir.join("criu/inventory.img").exists());
     use std::os::unix::fs::PermissionsExt;
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&w.p("images")), 0o700);
-    assert_eq!(mode(&w.p("images/uid-replacement-2")), 0o700);
+    assert_eq!(mode(&w.path("images")), 0o700);
+    assert_eq!(mode(&w.path("images/uid-replacement-2")), 0o700);
     let stamp = stasis_node_api::planfile::read_verified_stamp(&prepared.image_dir)
         .unwrap()
         .unwrap();
@@ -133,12 +133,12 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
     );
 
     // The shim's calls through the wrapper: create (restores), start (no-op).
-    w.containers.push("c2".into());
+    w.track("c2");
     let globals = [
         "--root".to_owned(),
-        w.root.display().to_string(),
+        w.runc_root.display().to_string(),
         "--log".to_owned(),
-        w.p("log.json").display().to_string(),
+        w.path("log.json").display().to_string(),
         "--log-format".to_owned(),
         "json".to_owned(),
     ];
@@ -153,11 +153,11 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
         .arg("--bundle")
         .arg(&b2)
         .arg("--pid-file")
-        .arg(w.p("c2.pid"))
+        .arg(w.path("c2.pid"))
         .arg("c2")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(w.p("c2.stderr")).unwrap())
+        .stderr(std::fs::File::create(w.path("c2.stderr")).unwrap())
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
@@ -173,7 +173,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
     assert!(
         st.success(),
         "create: {st}; log: {}",
-        std::fs::read_to_string(w.p("log.json")).unwrap_or_default()
+        std::fs::read_to_string(w.path("log.json")).unwrap_or_default()
     );
     let st = Command::new(&wrapper)
         .env("STASIS_RUN_DIR", w.run_dir())
@@ -236,7 +236,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
         })
         .unwrap_err();
     assert!(e.to_string().contains("declared.engine"), "{e}");
-    assert!(!w.p("images/uid-other-3").exists());
+    assert!(!w.path("images/uid-other-3").exists());
     assert!(!w
         .run_dir()
         .join("plans/pod_uid-other-3_counter.json")
@@ -266,7 +266,7 @@ fn stasisd_rss_idle_and_while_checkpointing() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
     let mut w = World::new("rss");
-    Key::generate(&w.p("key")).unwrap();
+    Key::generate(&w.path("key")).unwrap();
     let sock = w.run_dir().join("agent.sock");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -275,24 +275,24 @@ fn stasisd_rss_idle_and_while_checkpointing() {
         .port();
     let mut agent = Command::new(env!("CARGO_BIN_EXE_stasisd"))
         .args(["--standalone", "--store"])
-        .arg(format!("file://{}", w.p("store").display()))
+        .arg(format!("file://{}", w.path("store").display()))
         .arg("--key-file")
-        .arg(w.p("key"))
+        .arg(w.path("key"))
         .arg("--runc-root")
-        .arg(&w.root)
+        .arg(&w.runc_root)
         .arg("--socket")
         .arg(&sock)
         .arg("--plans-dir")
         .arg(w.run_dir().join("plans"))
         .arg("--images-dir")
-        .arg(w.p("images"))
+        .arg(w.path("images"))
         .arg("--work-dir")
-        .arg(w.p("work"))
+        .arg(w.path("work"))
         .arg("--metrics-addr")
         .arg(format!("127.0.0.1:{port}"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(w.p("stasisd.log")).unwrap())
+        .stderr(std::fs::File::create(w.path("stasisd.log")).unwrap())
         .spawn()
         .unwrap();
     struct Kill(std::process::Child);
@@ -308,7 +308,7 @@ fn stasisd_rss_idle_and_while_checkpointing() {
         assert!(
             Instant::now() < until && agent.try_wait().unwrap().is_none(),
             "stasisd did not come up: {}",
-            std::fs::read_to_string(w.p("stasisd.log")).unwrap_or_default()
+            std::fs::read_to_string(w.path("stasisd.log")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -316,7 +316,8 @@ fn stasisd_rss_idle_and_while_checkpointing() {
     std::thread::sleep(Duration::from_millis(500));
     let idle = rss_kib(pid, "VmRSS:");
 
-    let b = w.cri_bundle(
+    let b = pod_bundle(
+        &w,
         "big",
         &[&format!("STATE_MB={mb}"), "INTERVAL_MS=200"],
         "uid-rss",
@@ -366,7 +367,7 @@ fn stasisd_rss_idle_and_while_checkpointing() {
     assert!(
         matches!(answer, CheckpointAnswer::Done { .. }),
         "{answer:?}: {}",
-        std::fs::read_to_string(w.p("stasisd.log")).unwrap_or_default()
+        std::fs::read_to_string(w.path("stasisd.log")).unwrap_or_default()
     );
     // /metrics answers and counts the checkpoint.
     let body = {
