@@ -43,7 +43,10 @@ SNS=stasis-system
 CTRL="system:serviceaccount:$SNS:stasis-controller"
 AGENT="system:serviceaccount:$SNS:stasis-agent"
 RSC="system:serviceaccount:kube-system:replicaset-controller"
-kubectl api-resources --api-group=admissionregistration.k8s.io -o name | grep -qx validatingadmissionpolicies.admissionregistration.k8s.io \
+# Not `kubectl ... | grep -q`: grep leaving early makes kubectl die of SIGPIPE, a failure under
+# pipefail.
+grep -qx validatingadmissionpolicies.admissionregistration.k8s.io \
+    <<<"$(kubectl api-resources --api-group=admissionregistration.k8s.io -o name)" \
     && pass "ValidatingAdmissionPolicy is served ($(basename "$(dirname "$(dirname "$apiserver")")"))" \
     || fail "no validatingadmissionpolicies in admissionregistration.k8s.io"
 
@@ -235,7 +238,7 @@ grep -q "name: stasis-agent" "$work/rbac-agent.yaml" || fail "the chart's agent 
 a1=$(kubectl create token stasis-agent -n "$SNS" --bound-object-kind Pod --bound-object-name agent-1)
 a2=$(kubectl create token stasis-agent -n "$SNS" --bound-object-kind Pod --bound-object-name agent-2)
 a0=$(kubectl create token stasis-agent -n "$SNS")
-if kubectl --token="$a1" auth whoami -o json | grep -q '"node-1"'; then
+if grep -q '"node-1"' <<<"$(kubectl --token="$a1" auth whoami -o json)"; then
     pass "agent-1's bound token names its node in userInfo.extra"
 else
     fail "no node in agent-1's token: $(kubectl --token="$a1" auth whoami -o json 2>&1 | tr -d '\n')"

@@ -86,7 +86,7 @@ pub(super) async fn report_decision(
                     ctx.event(
                         &oref,
                         EventType::Normal,
-                        "RestoreDecided",
+                        names::event::RESTORE_DECIDED,
                         format!("restoring checkpoint {checkpoint_ref} (PodRestore {name})"),
                     )
                     .await;
@@ -95,7 +95,7 @@ pub(super) async fn report_decision(
                     ctx.event(
                         &oref,
                         EventType::Warning,
-                        "ColdStart",
+                        reason::COLD_START,
                         "restore annotation without a matching lineage record: not restoring"
                             .into(),
                     )
@@ -108,7 +108,8 @@ pub(super) async fn report_decision(
                 .get(names::DECISION_REASON)
                 .cloned()
                 .unwrap_or_else(|| "no restore".into());
-            ctx.event(&oref, EventType::Normal, "ColdStart", why).await;
+            ctx.event(&oref, EventType::Normal, reason::COLD_START, why)
+                .await;
         }
     }
     let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});

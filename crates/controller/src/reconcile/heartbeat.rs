@@ -69,7 +69,7 @@ pub(super) async fn heartbeat(
             ctx.event(
                 &pod.object_ref(&()),
                 EventType::Warning,
-                "CheckpointSkipped",
+                names::event::CHECKPOINT_SKIPPED,
                 reason,
             )
             .await;

@@ -128,7 +128,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                 ctx.event(
                     &pod.object_ref(&()),
                     EventType::Warning,
-                    "CheckpointSkipped",
+                    names::event::CHECKPOINT_SKIPPED,
                     format!("no checkpoints for this pod: namespace {namespace} already has {cap} lineage records, the most stasis keeps per namespace"),
                 )
                 .await;
@@ -139,7 +139,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                 ctx.event(
                     &pod.object_ref(&()),
                     EventType::Warning,
-                    "CheckpointSkipped",
+                    names::event::CHECKPOINT_SKIPPED,
                     format!("no checkpoints for this pod: {reason}"),
                 )
                 .await;
@@ -170,7 +170,7 @@ pub(super) async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Act
     ctx.event(
         &pod.object_ref(&()),
         EventType::Warning,
-        "ClaimRefused",
+        names::event::CLAIM_REFUSED,
         format!(
             "label {} of this pod is the claim of pod {holder}: this pod holds no lineage, is not restored and gets no checkpoints",
             names::CLAIM_TOKEN
