@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use stasis_core::gpu::GpuFingerprint;
 
-pub const READY_LABEL: &str = "stasis.dev/ready";
-pub const ARCH_LABEL: &str = "stasis.dev/cpu-arch";
-pub const GPU_MODEL_LABEL: &str = "stasis.dev/gpu-model";
-pub const GPU_COUNT_LABEL: &str = "stasis.dev/gpu-count";
-pub const GPU_DRIVER_BRANCH_LABEL: &str = "stasis.dev/gpu-driver-branch";
+use stasis_api::names::node::{
+    CPU_ARCH as ARCH_LABEL, GPU_COUNT as GPU_COUNT_LABEL,
+    GPU_DRIVER_BRANCH as GPU_DRIVER_BRANCH_LABEL, GPU_MODEL as GPU_MODEL_LABEL,
+    READY as READY_LABEL,
+};
 
 /// The outcome of each check: `Ok(detail)` or `Err(why)`.
 #[derive(Debug, Clone, PartialEq, Eq)]

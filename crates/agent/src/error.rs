@@ -1,7 +1,10 @@
 //! The agent's error type. Every variant has a short `kind()` used as the `kind` label of the
-//! `stasis_agent_errors_total` metric.
+//! `stasis_agent_errors_total` metric, and a [`RestoreFailure`] cause ([`AgentError::restore_failure`])
+//! written into a failed `PodRestore`'s status, which the controller's restore-loop guard counts.
 
 use std::path::PathBuf;
+
+use stasis_api::RestoreFailure;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -27,7 +30,17 @@ pub enum AgentError {
     #[error("key: {0}")]
     Key(#[from] crate::keys::KeyError),
     #[error("kubernetes: {0}")]
-    Kube(String),
+    Kube(#[from] kube::Error),
+    /// No client for the API server could be made (no in-cluster service account, no
+    /// kubeconfig).
+    #[error("no Kubernetes client (in a pod: its service account; elsewhere: a kubeconfig): {0}")]
+    NoClient(#[source] kube::Error),
+    /// The data key of a namespace could not be had (its Secret, or the key broker).
+    #[error("{0}")]
+    KeyUnavailable(String),
+    /// A lineage record in stasis's namespace cannot be read.
+    #[error("lineage record: {0}")]
+    Record(String),
     #[error("incompatible checkpoint: {0}")]
     Incompatible(String),
     #[error("{0}")]
@@ -71,7 +84,9 @@ impl AgentError {
             AgentError::Fenced(_) => "fenced",
             AgentError::Deadline(_) => "deadline",
             AgentError::Key(_) => "key",
-            AgentError::Kube(_) => "kube",
+            AgentError::Kube(_) | AgentError::NoClient(_) => "kube",
+            AgentError::KeyUnavailable(_) => "key",
+            AgentError::Record(_) => "record",
             AgentError::Incompatible(_) => "incompatible",
             AgentError::Invalid(_) => "invalid",
             AgentError::ManifestMismatch { .. } => "integrity",
@@ -79,10 +94,97 @@ impl AgentError {
     }
 }
 
-impl From<kube::Error> for AgentError {
-    fn from(e: kube::Error) -> Self {
-        AgentError::Kube(e.to_string())
+impl AgentError {
+    /// Why a restore this error ended did not happen, as the `PodRestore` status records it
+    /// (`failure`, and the `Ready` condition's reason).
+    pub fn restore_failure(&self) -> RestoreFailure {
+        match self {
+            e if e.is_integrity_failure() => RestoreFailure::CheckpointDamaged,
+            AgentError::Store(_) => RestoreFailure::FetchFailed,
+            AgentError::Key(_) | AgentError::KeyUnavailable(_) => RestoreFailure::KeyUnavailable,
+            AgentError::Incompatible(_) | AgentError::ManyContainers { .. } => {
+                RestoreFailure::Incompatible
+            }
+            AgentError::Invalid(_) | AgentError::Record(_) => RestoreFailure::InvalidRestore,
+            AgentError::Deadline(_) => RestoreFailure::Timeout,
+            AgentError::Engine(_)
+            | AgentError::Io { .. }
+            | AgentError::NoContainer { .. }
+            | AgentError::UnknownContainer(_)
+            | AgentError::Fenced(_)
+            | AgentError::Kube(_)
+            | AgentError::NoClient(_)
+            | AgentError::ManifestMismatch { .. } => RestoreFailure::Other,
+        }
+    }
+}
+
+/// The cause of a cold start stasis-runc reported, as the `PodRestore` status records it.
+pub fn cold_start_failure(cause: stasis_node_api::ColdStartCause) -> RestoreFailure {
+    use stasis_node_api::ColdStartCause as C;
+    match cause {
+        C::NoPlan => RestoreFailure::NoPlan,
+        C::Forced => RestoreFailure::ColdStartRequested,
+        C::Unsupported => RestoreFailure::Unsupported,
+        C::PlanRefused => RestoreFailure::PlanRefused,
+        C::RestoreFailed => RestoreFailure::RestoreFailed,
+        C::Other => RestoreFailure::Other,
     }
 }
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each error a restore's preparation can end with has its own cause, and the damaged
+    /// checkpoint its alarm, whatever the messages say.
+    #[test]
+    fn restore_failures_are_typed() {
+        let damaged = AgentError::ManifestMismatch {
+            reference: "l/1".into(),
+            recorded: "a".into(),
+            found: "b".into(),
+        };
+        assert_eq!(damaged.restore_failure(), RestoreFailure::CheckpointDamaged);
+        for (e, want) in [
+            (
+                AgentError::Incompatible("x".into()),
+                RestoreFailure::Incompatible,
+            ),
+            (
+                AgentError::Invalid("x".into()),
+                RestoreFailure::InvalidRestore,
+            ),
+            (AgentError::Deadline("x".into()), RestoreFailure::Timeout),
+            (
+                AgentError::KeyUnavailable("x".into()),
+                RestoreFailure::KeyUnavailable,
+            ),
+            (
+                AgentError::Record("x".into()),
+                RestoreFailure::InvalidRestore,
+            ),
+        ] {
+            assert_eq!(e.restore_failure(), want, "{e}");
+        }
+        assert_eq!(
+            cold_start_failure(stasis_node_api::ColdStartCause::Forced),
+            RestoreFailure::ColdStartRequested
+        );
+        assert_eq!(
+            cold_start_failure(stasis_node_api::ColdStartCause::RestoreFailed),
+            RestoreFailure::RestoreFailed
+        );
+    }
+
+    /// The API server's error stays typed: a conflict is still recognisable upstream.
+    #[test]
+    fn kube_errors_keep_their_status() {
+        let status = kube::core::Status::failure("exists", "AlreadyExists").with_code(409);
+        let e = AgentError::from(kube::Error::Api(Box::new(status)));
+        assert!(matches!(&e, AgentError::Kube(kube::Error::Api(s)) if s.code == 409));
+        assert_eq!(e.kind(), "kube");
+    }
+}

@@ -4,7 +4,7 @@
 //! cluster).
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use stasis_core::WorkloadName;
@@ -114,9 +114,13 @@ impl Cluster for Standalone {
     fn restart_in_place(&self, _: &PodInfo, _: &str, _: std::result::Result<&str, &str>) {}
 }
 
-/// Pods with a checkpoint in progress: one at a time per pod.
+/// Pods with a checkpoint in progress: one at a time per pod. A waiter sleeps on a condition
+/// variable until a checkpoint ends, not in a poll.
 #[derive(Debug, Default)]
-pub struct Busy(Mutex<HashSet<String>>);
+pub struct Busy {
+    pods: Mutex<HashSet<String>>,
+    freed: Condvar,
+}
 
 pub struct BusyGuard<'a> {
     set: &'a Busy,
@@ -124,28 +128,45 @@ pub struct BusyGuard<'a> {
 }
 
 impl Busy {
+    fn pods(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn try_take(&self, uid: &str) -> Option<BusyGuard<'_>> {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        g.insert(uid.to_owned()).then(|| BusyGuard {
+        self.pods().insert(uid.to_owned()).then(|| BusyGuard {
             set: self,
             uid: uid.to_owned(),
         })
     }
+
+    /// Takes the pod once its checkpoint in progress (if any) ended; `None` at `deadline`.
+    pub fn take_by(&self, uid: &str, deadline: Instant) -> Option<BusyGuard<'_>> {
+        let mut pods = self.pods();
+        loop {
+            if pods.insert(uid.to_owned()) {
+                return Some(BusyGuard {
+                    set: self,
+                    uid: uid.to_owned(),
+                });
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            pods = self
+                .freed
+                .wait_timeout(pods, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     pub fn is_busy(&self, uid: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(uid)
+        self.pods().contains(uid)
     }
 }
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        self.set
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.uid);
+        self.set.pods().remove(&self.uid);
+        self.set.freed.notify_all();
     }
 }
 
@@ -235,22 +256,16 @@ impl Agent {
         let (tx, rx) = mpsc::channel();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
         let uid = pod.pod_uid.clone();
+        // The request's span, into the thread that outlives the answer (the upload).
+        let span = tracing::info_span!("final_checkpoint", namespace = %info.key.namespace, pod = %info.key.name);
         let spawned = std::thread::Builder::new()
             .name("final-checkpoint".into())
             .spawn(move || {
+                let _span = span.entered();
                 // A heartbeat in progress holds older memory than this stop: wait for it (the
                 // controller keeps the replacement waiting for the final checkpoint, not for
                 // it), then take the final one, all before the deadline.
-                let guard = loop {
-                    if let Some(g) = busy.try_take(&uid) {
-                        break Some(g);
-                    }
-                    if Instant::now() >= deadline {
-                        break None;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                };
-                let Some(_g) = guard else {
+                let Some(_g) = busy.take_by(&uid, deadline) else {
                     let _ = tx.send(Err(AgentError::Deadline(
                         "a checkpoint of this pod was still in progress at the deadline".into(),
                     )));
@@ -422,5 +437,29 @@ mod tests {
         drop(g);
         assert!(!b.is_busy("u1"));
         assert!(b.try_take("u1").is_some());
+    }
+
+    /// A waiter wakes when the checkpoint in progress ends (not at its next poll), and gives up
+    /// at its deadline.
+    #[test]
+    fn a_waiter_takes_the_pod_when_it_is_freed() {
+        let b = Arc::new(Busy::default());
+        let g = b.try_take("u1").unwrap();
+        let soon = Instant::now() + Duration::from_millis(50);
+        assert!(b.take_by("u1", soon).is_none());
+        assert!(Instant::now() >= soon);
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let got = b.take_by("u1", t + Duration::from_secs(10)).is_some();
+                (got, t.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        drop(g);
+        let (got, waited) = waiter.join().unwrap();
+        assert!(got);
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
     }
 }

@@ -72,7 +72,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
     } else {
         Some(
             rt.block_on(kube::Client::try_default())
-                .map_err(|e| AgentError::Kube(format!("no Kubernetes client: {e}")))?,
+                .map_err(AgentError::NoClient)?,
         )
     };
     let keys: Arc<dyn KeySource> = match (&cfg.key_file, &cfg.cluster_key_file, &client) {
@@ -232,7 +232,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
     }
     if let (Some(client), None) = (&client, &successor) {
         let labels = std::collections::BTreeMap::from([(
-            crate::checks::READY_LABEL.to_owned(),
+            stasis_api::names::node::READY.to_owned(),
             None::<String>,
         )]);
         match rt.block_on(async {
@@ -242,7 +242,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
             )
             .await
         }) {
-            Ok(Ok(())) => info!("removed {} from the node", crate::checks::READY_LABEL),
+            Ok(Ok(())) => info!("removed {} from the node", stasis_api::names::node::READY),
             Ok(Err(e)) => warn!(error = %e, "cannot remove the ready label"),
             Err(_) => warn!("timed out removing the ready label"),
         }

@@ -38,6 +38,14 @@ fn handle(conn: UnixStream, h: &dyn NodeHandler) {
             return;
         }
     };
+    let op = match &req.body {
+        RequestBody::Ping => "ping",
+        RequestBody::RestorePlan(_) => "restore_plan",
+        RequestBody::FinalCheckpoint(_) => "final_checkpoint",
+        RequestBody::ContainerExited(_) => "container_exited",
+        RequestBody::Report(_) => "report",
+    };
+    let _span = tracing::info_span!("node_api", op).entered();
     let body = match &req.body {
         RequestBody::Ping => ResponseBody::Pong {
             agent: format!("stasisd {}", env!("CARGO_PKG_VERSION")),
@@ -55,11 +63,52 @@ fn handle(conn: UnixStream, h: &dyn NodeHandler) {
     }
 }
 
+/// One connection's place among the [`MAX_CONNECTIONS`]: given back when dropped, which is
+/// also when its thread could not be started (the closure that holds it is dropped then).
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// A place, or `None` when every one is taken.
+    fn take(active: &Arc<AtomicUsize>) -> Option<Slot> {
+        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Slot(active.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Starts a connection's thread.
+type Spawn = fn(Box<dyn FnOnce() + Send>) -> std::io::Result<()>;
+
+fn connection_thread(f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("node-api-conn".into())
+        .stack_size(256 << 10)
+        .spawn(f)
+        .map(drop)
+}
+
 /// Serves until `stop` is set (and one more connection arrives, which [`wake`] provides).
 pub fn serve(
     listener: UnixListener,
     handler: Arc<dyn NodeHandler>,
     stop: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    serve_with(listener, handler, stop, connection_thread)
+}
+
+fn serve_with(
+    listener: UnixListener,
+    handler: Arc<dyn NodeHandler>,
+    stop: Arc<AtomicBool>,
+    spawn: Spawn,
 ) -> JoinHandle<()> {
     let active = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -77,8 +126,7 @@ pub fn serve(
                         continue;
                     }
                 };
-                if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                    active.fetch_sub(1, Ordering::SeqCst);
+                let Some(slot) = Slot::take(&active) else {
                     let _ = write_response(
                         &conn,
                         ResponseBody::Error {
@@ -86,17 +134,14 @@ pub fn serve(
                         },
                     );
                     continue;
-                }
-                let (h, active) = (handler.clone(), active.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("node-api-conn".into())
-                    .stack_size(256 << 10)
-                    .spawn(move || {
-                        handle(conn, &*h);
-                        active.fetch_sub(1, Ordering::SeqCst);
-                    });
-                if spawned.is_err() {
-                    warn!("cannot spawn a connection thread");
+                };
+                let h = handler.clone();
+                let spawned = spawn(Box::new(move || {
+                    let _slot = slot;
+                    handle(conn, &*h);
+                }));
+                if let Err(e) = spawned {
+                    warn!(error = %e, "cannot spawn a connection thread");
                 }
             }
         })
@@ -106,4 +151,73 @@ pub fn serve(
 /// Unblocks [`serve`]'s accept after `stop` was set.
 pub fn wake(path: &std::path::Path) {
     let _ = UnixStream::connect(path);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    struct Nothing;
+    impl NodeHandler for Nothing {
+        fn restore_plan(&self, _: &RestorePlanRequest) -> ResponseBody {
+            ResponseBody::NoPlan {
+                reason: "test".into(),
+            }
+        }
+        fn final_checkpoint(&self, _: &FinalCheckpointRequest) -> ResponseBody {
+            ResponseBody::Skipped {
+                reason: "test".into(),
+            }
+        }
+        fn report(&self, _: &ReportRequest) {}
+        fn container_exited(&self, _: &ContainerExitedRequest) -> ResponseBody {
+            ResponseBody::NoPlan {
+                reason: "test".into(),
+            }
+        }
+    }
+
+    static REFUSED: AtomicU32 = AtomicU32::new(0);
+
+    /// Refuses the first `MAX_CONNECTIONS + 1` threads (as a process at its thread limit
+    /// does), then starts them.
+    fn thread_limit_then_ok(f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+        if REFUSED.fetch_add(1, Ordering::SeqCst) <= MAX_CONNECTIONS as u32 {
+            return Err(std::io::Error::other("thread limit"));
+        }
+        connection_thread(f)
+    }
+
+    /// A connection whose thread could not be started gives its place back: after more such
+    /// failures than there are places, the server still answers instead of "agent busy"
+    /// forever.
+    #[test]
+    fn a_failed_spawn_gives_its_slot_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener = stasis_node_api::server::bind(&path).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let server = serve_with(
+            listener,
+            Arc::new(Nothing),
+            stop.clone(),
+            thread_limit_then_ok,
+        );
+        let client = stasis_node_api::Client::new(&path)
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_io_timeout(Duration::from_millis(500));
+        for _ in 0..=MAX_CONNECTIONS {
+            // Each one fails: its thread never starts, the connection is dropped.
+            assert!(client.ping().is_err());
+        }
+        let answer = client.ping();
+        assert!(
+            matches!(&answer, Ok(a) if a.starts_with("stasisd")),
+            "{answer:?}"
+        );
+        stop.store(true, Ordering::SeqCst);
+        wake(&path);
+        server.join().unwrap();
+    }
 }

@@ -4,7 +4,9 @@
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use stasis_api::condition::{self, reason};
-use stasis_api::{CheckpointPhase, PodCheckpointStatus, PodRestoreStatus, RestorePhase};
+use stasis_api::{
+    CheckpointPhase, PodCheckpointStatus, PodRestoreStatus, RestoreFailure, RestorePhase,
+};
 
 use crate::error::AgentError;
 use crate::executor::CheckpointOutcome;
@@ -112,16 +114,20 @@ pub fn checkpoint_failed(
 }
 
 /// A `PodRestore` status at `phase` on `node`, with the message and the `Ready` condition.
+/// `failure` (with `Failed` or `ColdStart`) is the typed cause the controller's restore-loop
+/// guard counts; it is also the condition's reason.
 pub fn restore(
     prev: &PodRestoreStatus,
     phase: RestorePhase,
     node: &str,
     message: Option<String>,
+    failure: Option<RestoreFailure>,
     now: Time,
 ) -> PodRestoreStatus {
     let mut s = prev.clone();
     s.phase = Some(phase);
     s.node = Some(node.into());
+    s.failure = failure;
     if message.is_some() {
         s.message = message.clone();
     }
@@ -133,10 +139,13 @@ pub fn restore(
     }
     let (ok, why) = match phase {
         RestorePhase::Pending => (false, reason::PENDING),
-        RestorePhase::Fetching => (false, "Fetching"),
-        RestorePhase::Ready => (false, "Prepared"),
+        RestorePhase::Fetching => (false, reason::FETCHING),
+        RestorePhase::Ready => (false, reason::PREPARED),
         RestorePhase::Restored => (true, reason::RESTORED),
-        RestorePhase::Failed => (false, "RestoreFailed"),
+        RestorePhase::Failed | RestorePhase::ColdStart if failure.is_some() => {
+            (false, failure.map_or(reason::OTHER, RestoreFailure::reason))
+        }
+        RestorePhase::Failed => (false, reason::RESTORE_FAILED),
         RestorePhase::ColdStart => (false, reason::COLD_START),
     };
     condition::set_condition(
@@ -289,6 +298,7 @@ mod tests {
             RestorePhase::Fetching,
             "worker-2",
             None,
+            None,
             t("2026-11-29T09:00:00Z"),
         );
         assert_eq!(s.phase, Some(RestorePhase::Fetching));
@@ -298,12 +308,19 @@ mod tests {
             RestorePhase::ColdStart,
             "worker-2",
             Some("incompatible checkpoint: declared.engine".into()),
+            Some(RestoreFailure::Incompatible),
             t("2026-11-29T09:00:01Z"),
         );
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["phase"], "ColdStart");
         assert_eq!(v["message"], "incompatible checkpoint: declared.engine");
-        assert_eq!(v["conditions"][0]["reason"], "ColdStart");
+        // The typed cause, and the condition's reason from it (not from the message).
+        assert_eq!(v["failure"], "Incompatible");
+        assert_eq!(v["conditions"][0]["reason"], "Incompatible");
+        // Prepared again: no cause left over.
+        let again = restore(&s, RestorePhase::Fetching, "worker-2", None, None, now());
+        assert_eq!(again.failure, None);
+        assert_eq!(again.conditions[0].reason, "Fetching");
         assert_eq!(v["startTime"], "2026-11-29T09:00:00Z");
 
         let pod = PodKey {

@@ -10,13 +10,13 @@ use clap::{Args, Parser, Subcommand};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
-use crate::admission::WaitConfig;
-use crate::controller::{self, ControllerConfig, Setup};
 use crate::leader::{self, LeaseConfig};
 use crate::metrics::Metrics;
+use crate::reconcile::{self, ControllerConfig, Setup};
 use crate::record::Records;
 use crate::server;
 use crate::wait::{self, WaitArgs};
+use crate::webhook::patch::WaitConfig;
 use crate::webhook::{Webhook, WebhookConfig};
 use stasis_service::admin::Readiness;
 use stasis_service::shutdown::Shutdown;
@@ -325,7 +325,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         store,
     };
     tokio::select! {
-        r = controller::run(setup) => {
+        r = reconcile::run(setup) => {
             // Stopped by a signal: hand the lease over now.
             metrics.leader.set(0);
             leader::release(&leases, &lease).await;

@@ -57,7 +57,7 @@ async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<
             let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
             let reported = matches!(
                 pods.get_opt(pod).await,
-                Ok(Some(p)) if p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(crate::keys::REPORTED_ANNOTATION))
+                Ok(Some(p)) if p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(stasis_api::names::DECISION_REPORTED))
             );
             if reported {
                 reply(

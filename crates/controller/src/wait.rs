@@ -6,8 +6,6 @@
 //! app containers start (`stasis-runc create` restores when the agent's plan is there, and
 //! starts cold otherwise).
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// What one answer means for the wait.
@@ -34,53 +32,30 @@ pub fn poll_answer(status: u16, body: &str) -> Poll {
     }
 }
 
-/// `http://host[:port][/base]` → (`host:port`, base path without a trailing `/`).
-pub fn parse_url(url: &str) -> Option<(String, String)> {
-    let rest = url.strip_prefix("http://")?;
-    let (authority, base) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-        None => (rest, ""),
-    };
-    if authority.is_empty() {
+/// The URL of a pod's restore status under the controller's status endpoint `base`
+/// (`http://host[:port][/path]`); `None` when `base` is not a plain-HTTP URL.
+pub fn status_url(base: &str, namespace: &str, pod: &str) -> Option<reqwest::Url> {
+    let base = reqwest::Url::parse(base).ok()?;
+    if base.scheme() != "http" || base.host_str().is_none_or(str::is_empty) {
         return None;
     }
-    let has_port = authority.rsplit_once(':').is_some_and(|(h, p)| {
-        !h.ends_with('[')
-            && p.bytes().all(|b| b.is_ascii_digit())
-            && !p.is_empty()
-            && !authority.ends_with(']')
-    });
-    let authority = if has_port {
-        authority.to_owned()
-    } else {
-        format!("{authority}:80")
-    };
-    Some((authority, base.to_owned()))
+    let path = format!(
+        "{}/v1/restores/{namespace}/{pod}",
+        base.path().trim_end_matches('/')
+    );
+    let mut url = base;
+    url.set_path(&path);
+    Some(url)
 }
 
-/// One `GET` with a short timeout; (status, body).
-fn get(authority: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let addr = authority
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other(format!("{authority}: no address")))?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nAccept: application/json\r\n\r\n"
-    );
-    s.write_all(request.as_bytes())?;
-    let mut buf = Vec::new();
-    s.take(64 * 1024).read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_owned()))
+/// One `GET` with short timeouts; (status, body).
+fn get(client: &reqwest::blocking::Client, url: &reqwest::Url) -> reqwest::Result<(u16, String)> {
+    let r = client
+        .get(url.clone())
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()?;
+    let status = r.status().as_u16();
+    Ok((status, r.text()?))
 }
 
 /// Parameters of the wait (from the environment the webhook injects).
@@ -96,14 +71,29 @@ pub struct WaitArgs {
 
 /// Runs the wait; returns why it ended (printed by `main`).
 pub fn run(a: &WaitArgs) -> String {
-    let Some((authority, base)) = parse_url(&a.url) else {
+    let Some(url) = status_url(&a.url, &a.namespace, &a.pod) else {
         return format!("no usable status URL {:?}: not waiting", a.url);
     };
-    let path = format!("{base}/v1/restores/{}/{}", a.namespace, a.pod);
+    let authority = format!(
+        "{}:{}",
+        url.host_str().unwrap_or_default(),
+        url.port_or_known_default().unwrap_or(80)
+    );
+    // The controller is in the cluster: no proxy, as before; a blocking client, since the wait
+    // container does nothing else.
+    let client = match reqwest::blocking::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(3))
+        .no_proxy()
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => return format!("no HTTP client ({e}): not waiting"),
+    };
     let start = Instant::now();
     let mut last_reached = Instant::now();
     loop {
-        match get(&authority, &path) {
+        match get(&client, &url) {
             Ok((status, body)) => {
                 last_reached = Instant::now();
                 if let Poll::Done(phase) = poll_answer(status, &body) {
@@ -133,20 +123,22 @@ pub fn run(a: &WaitArgs) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
     use std::net::TcpListener;
 
     #[test]
     fn urls() {
+        let u = |base: &str| status_url(base, "prod", "p").map(|u| u.to_string());
         assert_eq!(
-            parse_url("http://stasis-controller.stasis-system.svc:8080"),
-            Some(("stasis-controller.stasis-system.svc:8080".into(), "".into()))
+            u("http://stasis-controller.stasis-system.svc:8080").as_deref(),
+            Some("http://stasis-controller.stasis-system.svc:8080/v1/restores/prod/p")
         );
         assert_eq!(
-            parse_url("http://h/base/"),
-            Some(("h:80".into(), "/base".into()))
+            u("http://h/base/").as_deref(),
+            Some("http://h/base/v1/restores/prod/p")
         );
-        assert_eq!(parse_url("https://h"), None);
-        assert_eq!(parse_url("http://"), None);
+        assert_eq!(u("https://h"), None);
+        assert_eq!(u("http://"), None);
     }
 
     #[test]

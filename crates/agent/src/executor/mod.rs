@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use stasis_core::CheckpointRef;
 use stasis_store::{Key, Store};
@@ -31,18 +31,7 @@ use crate::metrics::Metrics;
 use crate::resolve;
 
 /// Manifest labels the agent writes (and reads back when preparing a restore).
-pub mod label {
-    pub const LINEAGE: &str = "stasis.dev/lineage";
-    pub const GENERATION: &str = "stasis.dev/generation";
-    pub const NAMESPACE: &str = "stasis.dev/namespace";
-    pub const POD_NAME: &str = "stasis.dev/pod-name";
-    pub const POD_UID: &str = "stasis.dev/pod-uid";
-    pub const CONTAINER_NAME: &str = "stasis.dev/container-name";
-    pub const SPEC_HASH: &str = "stasis.dev/spec-hash";
-    pub const NODE: &str = "stasis.dev/node";
-    pub const TCP_ESTABLISHED: &str = "stasis.dev/tcp-established";
-    pub const REASON: &str = "stasis.dev/reason";
-}
+use stasis_core::names::manifest as label;
 
 /// Where things live on the node.
 #[derive(Debug, Clone)]
@@ -165,13 +154,8 @@ pub struct Executor {
     pub metrics: Arc<Metrics>,
 }
 
-/// The wall clock, Unix milliseconds.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// The wall clock, Unix milliseconds: the project's one clock.
+pub(crate) use stasis_core::time::now_ms;
 
 fn ms(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64

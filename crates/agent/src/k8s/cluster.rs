@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use stasis_api::{CheckpointPolicy, PodRestore, RestorePhase};
@@ -14,12 +14,13 @@ use stasis_node_api::{ReportEvent, ReportRequest};
 use tokio::runtime::Handle;
 use tracing::warn;
 
-use super::{api_err, is_status, pod_info, CREATED_BY_LABEL, MANAGER};
+use super::{is_status, pod_info, MANAGER};
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointOutcome, Executor};
 use crate::fence::{self, RecordFacts, Stamp, Verdict};
 use crate::node::{Cluster, PodInfo};
 use crate::status::{self, PodKey};
+use stasis_api::names::{self, reason, AGENT_COMPONENT};
 
 /// The Kubernetes-backed [`Cluster`].
 pub struct KubeCluster {
@@ -54,14 +55,13 @@ impl KubeCluster {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         let Some(cm) = api
             .get_opt(&stasis_api::lineage::record_name(lineage))
-            .await
-            .map_err(api_err)?
+            .await?
         else {
             return Ok(None);
         };
         RecordFacts::from_config_map(&cm)
             .map(Some)
-            .map_err(AgentError::Kube)
+            .map_err(AgentError::Record)
     }
 
     /// The lineage records whose holder-UID label is `uid` (read fresh: a stamp must not come
@@ -70,10 +70,10 @@ impl KubeCluster {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         let lp = ListParams::default().labels(&format!(
             "{}=true,{}={uid}",
-            stasis_api::lineage::RECORD_LABEL,
-            stasis_api::lineage::HOLDER_UID_LABEL
+            names::LINEAGE_RECORD,
+            names::HOLDER_UID
         ));
-        let list = api.list(&lp).await.map_err(api_err)?;
+        let list = api.list(&lp).await?;
         Ok(list
             .items
             .iter()
@@ -101,7 +101,7 @@ impl KubeCluster {
             .filter(|p| p.metadata.deletion_timestamp.is_none() && p.name_any() != me)
             .filter(|p| {
                 label(p, "app.kubernetes.io/name") == "stasis"
-                    && label(p, "app.kubernetes.io/component") == "agent"
+                    && label(p, AGENT_COMPONENT.0) == AGENT_COMPONENT.1
             })
             .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
             .map(|p| p.name_any())
@@ -175,7 +175,8 @@ impl Cluster for KubeCluster {
             Err(reason) => {
                 let msg =
                     format!("container {container} was OOM-killed; it restarts cold: {reason}");
-                self.rt.block_on(self.emit(&key, "ColdStart", &msg, true));
+                self.rt
+                    .block_on(self.emit(&key, reason::COLD_START, &msg, true));
                 return;
             }
         };
@@ -203,15 +204,15 @@ impl Cluster for KubeCluster {
             },
         );
         r.metadata.labels = Some(BTreeMap::from([
-            (CREATED_BY_LABEL.to_owned(), MANAGER.to_owned()),
-            (
-                stasis_api::lineage::NODE_LABEL.to_owned(),
-                self.node.clone(),
-            ),
+            (names::CREATED_BY.to_owned(), MANAGER.to_owned()),
+            (names::NODE.to_owned(), self.node.clone()),
         ]));
         self.rt.block_on(async {
             let api: Api<PodRestore> = Api::namespaced(self.client.clone(), &key.namespace);
-            match api.create(&PostParams::default(), &r).await {
+            match api
+                .create(&super::status_writer::created_by_agent(), &r)
+                .await
+            {
                 Ok(_) => {}
                 // (a second OOM kill of the same checkpoint never gets here: no restore loop)
                 Err(e) if is_status(&e, 409) => {}
@@ -224,6 +225,7 @@ impl Cluster for KubeCluster {
                 Some(format!(
                     "restart in place after an OOM kill, from {checkpoint} (kept on this node)"
                 )),
+                None,
                 status::now(),
             );
             self.patch_restore_status(&key.namespace, &name, &s).await;
@@ -253,6 +255,7 @@ impl Cluster for KubeCluster {
                             RestorePhase::Restored,
                             &self.node,
                             Some(format!("restored from {checkpoint_ref}")),
+                            None,
                             status::now(),
                         );
                         s.restore_millis = Some(*restore_ms as i64);
@@ -261,33 +264,35 @@ impl Cluster for KubeCluster {
                     }
                     self.emit(
                         &key,
-                        "Restored",
+                        reason::RESTORED,
                         &format!("restored from checkpoint {checkpoint_ref} in {restore_ms} ms"),
                         false,
                     )
                     .await;
                 }
                 ReportEvent::ColdStart {
-                    reason,
+                    cause,
+                    reason: why,
                     checkpoint_ref,
-                    ..
                 } => {
                     if let Some(r) = &restore {
                         let s = status::restore(
                             &r.status.clone().unwrap_or_default(),
                             RestorePhase::ColdStart,
                             &self.node,
-                            Some(reason.clone()),
+                            Some(why.clone()),
+                            Some(crate::error::cold_start_failure(*cause)),
                             status::now(),
                         );
                         let name = r.metadata.name.clone().unwrap_or_default();
                         self.patch_restore_status(&key.namespace, &name, &s).await;
                     }
                     let msg = match checkpoint_ref {
-                        Some(c) => format!("cold start instead of restoring {c}: {reason}"),
-                        None => format!("cold start: {reason}"),
+                        Some(c) => format!("cold start instead of restoring {c}: {why}"),
+                        None => format!("cold start: {why}"),
                     };
-                    self.emit(&key, "ColdStart", &msg, restore.is_some()).await;
+                    self.emit(&key, reason::COLD_START, &msg, restore.is_some())
+                        .await;
                 }
             }
         });

@@ -57,7 +57,7 @@ impl SecretKeys {
                 .await
                 .map_err(|e| match e {
                     keys::DataKeyError::Key(k) => AgentError::Key(k),
-                    keys::DataKeyError::Kube(m) => AgentError::Kube(m),
+                    keys::DataKeyError::Kube(m) => AgentError::KeyUnavailable(m),
                 })?,
             KeyOrigin::Broker(b) => b.key(ns).await?,
         };
@@ -128,12 +128,12 @@ impl BrokerClient {
             .body(Vec::new())
             .map_err(|e| AgentError::Invalid(e.to_string()))?;
         let grant: keys::KeyGrant = self.client.request(req).await.map_err(|e| {
-            AgentError::Kube(format!(
+            AgentError::KeyUnavailable(format!(
                 "the key broker gave no data key for namespace {ns}: {e}"
             ))
         })?;
         grant.secret().map_err(|why| {
-            AgentError::Kube(format!("the key broker's answer for namespace {ns}: {why}"))
+            AgentError::KeyUnavailable(format!("the key broker's answer for namespace {ns}: {why}"))
         })
     }
 }

@@ -3,16 +3,17 @@
 
 use std::time::{Duration, Instant};
 
-use stasis_api::{PodCheckpoint, PodRestore, RestorePhase};
+use stasis_api::names::reason;
+use stasis_api::{PodCheckpoint, PodRestore, RestoreFailure, RestorePhase};
 use stasis_core::CheckpointRef;
 use tracing::{info, warn};
 
 use super::{image_digest, not_opted_in, restore_mismatch, single_container, KubeCluster};
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointJob, CheckpointOutcome, PrepareJob, Target};
-use crate::fence::{self};
+use crate::fence;
 use crate::node::{Agent, Cluster, PodInfo};
-use crate::status::{self};
+use crate::status;
 
 impl KubeCluster {
     /// Runs a `PodCheckpoint` whose source pod is on this node (a worker thread).
@@ -30,7 +31,7 @@ impl KubeCluster {
             let s = status::checkpoint_failed(
                 &prev,
                 &self.node,
-                stasis_api::condition::reason::CHECKPOINT_FAILED,
+                reason::CHECKPOINT_FAILED,
                 &why,
                 status::now(),
             );
@@ -42,7 +43,7 @@ impl KubeCluster {
                 let s = status::checkpoint_failed(
                     &prev,
                     &self.node,
-                    stasis_api::condition::reason::SOURCE_POD_REPLACED,
+                    reason::SOURCE_POD_REPLACED,
                     &format!(
                         "pod {} now has UID {}, not {want}",
                         info.key.name, info.key.uid
@@ -71,16 +72,7 @@ impl KubeCluster {
             }));
         let deadline = Instant::now() + timeout;
         // One checkpoint at a time per pod: wait for the one in progress.
-        let guard = loop {
-            if let Some(g) = agent.busy.try_take(&info.key.uid) {
-                break Some(g);
-            }
-            if Instant::now() >= deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let r = match guard {
+        let r = match agent.busy.take_by(&info.key.uid, deadline) {
             None => Err(AgentError::Deadline(
                 "another checkpoint of this pod ran until the timeout".into(),
             )),
@@ -121,8 +113,12 @@ impl KubeCluster {
             }
             Err(e) => {
                 warn!(checkpoint = %name, error = %e, "checkpoint failed");
-                self.rt
-                    .block_on(self.emit(&info.key, "CheckpointFailed", &e.to_string(), true));
+                self.rt.block_on(self.emit(
+                    &info.key,
+                    reason::CHECKPOINT_FAILED,
+                    &e.to_string(),
+                    true,
+                ));
                 status::checkpoint_failed(
                     prev,
                     &self.node,
@@ -155,6 +151,7 @@ impl KubeCluster {
             &prev,
             RestorePhase::Fetching,
             &self.node,
+            None,
             None,
             status::now(),
         );
@@ -200,42 +197,38 @@ impl KubeCluster {
                         "{} fetched and verified ({} bytes in {} ms); the container restores when it is created",
                         p.checkpoint_ref, p.bytes, p.fetch_ms
                     )),
+                    None,
                     status::now(),
                 );
                 s.fetch_millis = Some(p.fetch_ms as i64);
                 self.rt.block_on(self.patch_restore_status(&ns, &name, &s));
             }
             Err(e) => {
-                let damaged = e.is_integrity_failure();
+                // The typed cause is what the controller acts on: the restore-loop guard counts
+                // it, and a damaged checkpoint raises an integrity alarm on the lineage instead
+                // of the fallback to an older checkpoint.
+                let failure = e.restore_failure();
+                let damaged = failure == RestoreFailure::CheckpointDamaged;
                 let msg = if damaged {
                     format!("cold start: the checkpoint is damaged in the store, which only a writer to the bucket can cause; stasis does not fall back to older memory: {e}")
                 } else {
                     format!("cold start: {e}")
                 };
-                warn!(restore = %name, error = %e, damaged, "restore preparation failed: the pod cold-starts");
-                let mut s = status::restore(
+                warn!(restore = %name, error = %e, %failure, "restore preparation failed: the pod cold-starts");
+                let s = status::restore(
                     &fetching,
                     RestorePhase::Failed,
                     &self.node,
                     Some(msg.clone()),
+                    Some(failure),
                     status::now(),
                 );
-                let mut event = "ColdStart";
-                if damaged {
-                    // The reason is the typed signal the controller acts on (an integrity
-                    // alarm on the lineage instead of the restore-loop fallback).
-                    event = stasis_api::condition::reason::CHECKPOINT_DAMAGED;
-                    stasis_api::condition::set_condition(
-                        &mut s.conditions,
-                        stasis_api::condition::READY,
-                        false,
-                        stasis_api::condition::reason::CHECKPOINT_DAMAGED,
-                        msg.clone(),
-                        None,
-                        status::now(),
-                    );
+                let event = if damaged {
                     self.exec.metrics.restore("damaged");
-                }
+                    reason::CHECKPOINT_DAMAGED
+                } else {
+                    reason::COLD_START
+                };
                 self.rt.block_on(async {
                     self.patch_restore_status(&ns, &name, &s).await;
                     self.emit(&info.key, event, &msg, true).await;

@@ -28,19 +28,12 @@ pub use cluster::KubeCluster;
 pub use data_keys::{BrokerClient, KeyOrigin, SecretKeys, BROKER_KEY_TTL};
 pub use node_labels::{label_loop, patch_node_labels};
 pub use pod_facts::{image_digest, not_opted_in, pod_info, restore_mismatch, single_container};
+pub(crate) use status_writer::created_by_agent;
 pub use watch::{start, KubeSettings, Running, QUEUED_PER_NAMESPACE, WORKERS_PER_QUEUE};
 
-use crate::error::AgentError;
 
-/// Label on the `PodCheckpoint`s the agent creates itself (termination checkpoints): its own
-/// watcher leaves them alone.
-pub const CREATED_BY_LABEL: &str = "stasis.dev/created-by";
 /// Field manager of the agent's patches.
 pub const MANAGER: &str = "stasisd";
-
-fn api_err(e: kube::Error) -> AgentError {
-    AgentError::Kube(e.to_string())
-}
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)

@@ -11,24 +11,27 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use tracing::{info, warn};
 
-use super::{api_err, KubeSettings, Running};
+use super::{KubeSettings, Running, MANAGER};
 use crate::checks;
 use crate::error::Result;
 
-/// Sets (or removes) the agent's labels on its node.
+/// Sets (or removes) the agent's labels on its node, as field manager [`MANAGER`].
+///
+/// A merge patch, not an apply: withdrawing `stasis.dev/ready` must work whoever set it (an
+/// agent of an earlier version, which wrote without this field manager), and an apply removes
+/// only the fields its manager owns.
 pub async fn patch_node_labels(
     client: &Client,
     node: &str,
     labels: &BTreeMap<String, Option<String>>,
 ) -> Result<()> {
     let api: Api<Node> = Api::all(client.clone());
-    api.patch(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(&checks::labels_patch(labels)),
-    )
-    .await
-    .map_err(api_err)?;
+    let params = PatchParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..Default::default()
+    };
+    api.patch(node, &params, &Patch::Merge(&checks::labels_patch(labels)))
+        .await?;
     Ok(())
 }
 

@@ -5,21 +5,56 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::Resource;
 use stasis_api::{PodCheckpoint, PodCheckpointSpec, PodRestore};
 use tracing::warn;
 
-use super::{KubeCluster, CREATED_BY_LABEL, MANAGER};
+use super::{KubeCluster, MANAGER};
 use crate::fence::Stamp;
 use crate::node::PodInfo;
 use crate::status::{self, PodKey};
+use stasis_api::names;
+
+/// Creates as [`MANAGER`] (the field manager of every object the agent writes).
+pub(crate) fn created_by_agent() -> PostParams {
+    PostParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..Default::default()
+    }
+}
 
 impl KubeCluster {
     pub(crate) async fn emit(&self, pod: &PodKey, reason: &str, message: &str, warning: bool) {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
         let ev = status::pod_event(pod, reason, message, warning, &self.node, status::now());
-        if let Err(e) = api.create(&PostParams::default(), &ev).await {
+        if let Err(e) = api.create(&created_by_agent(), &ev).await {
             warn!(pod = %pod.name, %reason, error = %e, "cannot create an Event");
+            self.exec.metrics.error("kube");
+        }
+    }
+
+    /// Writes the status of a `K` by server-side apply as [`MANAGER`]: the fields the agent
+    /// sets are its own, so the controller's writes to others (its `Failed` on a timeout) are
+    /// merged, not overwritten, and `kubectl get --show-managed-fields` says who wrote what.
+    /// Forced: the agent is the authority on the status of the work it runs.
+    async fn apply_status<K>(&self, ns: &str, name: &str, s: &impl serde::Serialize)
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": s,
+        });
+        let params = PatchParams::apply(MANAGER).force();
+        if let Err(e) = api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+            warn!(kind = %K::kind(&()), %name, error = %e, "cannot update a status");
             self.exec.metrics.error("kube");
         }
     }
@@ -30,15 +65,7 @@ impl KubeCluster {
         name: &str,
         s: &stasis_api::PodCheckpointStatus,
     ) {
-        let api: Api<PodCheckpoint> = Api::namespaced(self.client.clone(), ns);
-        let patch = serde_json::json!({ "status": s });
-        if let Err(e) = api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            warn!(checkpoint = %name, error = %e, "cannot update a PodCheckpoint status");
-            self.exec.metrics.error("kube");
-        }
+        self.apply_status::<PodCheckpoint>(ns, name, s).await
     }
 
     pub(crate) async fn patch_restore_status(
@@ -47,15 +74,7 @@ impl KubeCluster {
         name: &str,
         s: &stasis_api::PodRestoreStatus,
     ) {
-        let api: Api<PodRestore> = Api::namespaced(self.client.clone(), ns);
-        let patch = serde_json::json!({ "status": s });
-        if let Err(e) = api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            warn!(restore = %name, error = %e, "cannot update a PodRestore status");
-            self.exec.metrics.error("kube");
-        }
+        self.apply_status::<PodRestore>(ns, name, s).await
     }
 
     /// The `PodRestore` of a pod (by `spec.targetPodName`, the target UID when set), newest.
@@ -104,14 +123,11 @@ impl KubeCluster {
             },
         );
         c.metadata.labels = Some(BTreeMap::from([
-            (CREATED_BY_LABEL.to_owned(), MANAGER.to_owned()),
+            (names::CREATED_BY.to_owned(), MANAGER.to_owned()),
             // (the API server lets an agent create it only for its own node)
-            (
-                stasis_api::lineage::NODE_LABEL.to_owned(),
-                self.node.clone(),
-            ),
+            (names::NODE.to_owned(), self.node.clone()),
         ]));
-        match api.create(&PostParams::default(), &c).await {
+        match api.create(&created_by_agent(), &c).await {
             Ok(_) => {
                 let s = status::checkpoint_running(
                     &Default::default(),

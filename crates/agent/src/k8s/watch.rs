@@ -15,15 +15,16 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use stasis_api::{CheckpointPhase, CheckpointPolicy, PodCheckpoint, PodRestore, RestorePhase};
 use tokio::runtime::Handle;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, info_span, warn};
 
 use super::pod_facts::{phase_is_pending_ckpt, phase_is_pending_restore};
-use super::{KubeCluster, CREATED_BY_LABEL};
+use super::KubeCluster;
 use crate::error::Result;
 use crate::executor::Executor;
 use crate::fair::FairQueue;
 use crate::node::{Agent, Busy};
 use crate::status::{self};
+use stasis_api::names::{self, reason};
 
 /// Settings of [`start`].
 #[derive(Debug, Clone)]
@@ -94,9 +95,19 @@ fn worker(
             .spawn(move || loop {
                 let (ns, job) = q.pop();
                 let key = job_key(&job);
+                // One span per job: every line it logs (and those of the calls it makes on
+                // the runtime through `block_on`) names the object it works for.
                 match &job {
-                    Job::Checkpoint(c) => cluster.run_checkpoint(&agent, c),
-                    Job::Restore(r) => cluster.run_restore(r),
+                    Job::Checkpoint(c) => {
+                        let _span = info_span!("checkpoint", namespace = %ns, name = %c.name_any())
+                            .entered();
+                        cluster.run_checkpoint(&agent, c)
+                    }
+                    Job::Restore(r) => {
+                        let _span =
+                            info_span!("restore", namespace = %ns, name = %r.name_any()).entered();
+                        cluster.run_restore(r)
+                    }
                 }
                 queued
                     .lock()
@@ -236,7 +247,7 @@ pub async fn start(
                         continue;
                     }
                 };
-                if !phase_is_pending_ckpt(&c) || c.labels().get(CREATED_BY_LABEL).is_some() {
+                if !phase_is_pending_ckpt(&c) || c.labels().get(names::CREATED_BY).is_some() {
                     continue;
                 }
                 while !pods_ready.load(Ordering::SeqCst) {
@@ -358,7 +369,7 @@ async fn recover(
                 let s = status::checkpoint_failed(
                     &c.status.clone().unwrap_or_default(),
                     node,
-                    stasis_api::condition::reason::CHECKPOINT_FAILED,
+                    reason::CHECKPOINT_FAILED,
                     "the node agent restarted while taking this checkpoint",
                     status::now(),
                 );

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::Client;
 use stasis_api::{
@@ -16,9 +16,10 @@ use stasis_api::{
 use stasis_core::notice::{self, Notice, NoticeKind, Provider};
 use tracing::{info, warn};
 
-use super::{notice_targets, MetadataClient, NODE_ENDING, NOTICE_LABEL};
+use super::{notice_targets, MetadataClient, NODE_ENDING};
 use crate::metrics::Metrics;
 use crate::status::PodKey;
+use stasis_api::names;
 
 /// What the watcher needs of the cluster.
 pub struct NoticeContext {
@@ -65,10 +66,10 @@ impl NoticeContext {
             // the created-by label, which marks the records it keeps of checkpoints it ran
             // itself); the node label lets the API server accept it from this node's agent.
             c.metadata.labels = Some(BTreeMap::from([(
-                stasis_api::lineage::NODE_LABEL.to_owned(),
+                names::NODE.to_owned(),
                 self.node.clone(),
             )]));
-            match api.create(&PostParams::default(), &c).await {
+            match api.create(&crate::k8s::created_by_agent(), &c).await {
                 Ok(_) => {
                     info!(pod = %pod.name, namespace = %pod.namespace, checkpoint = %name, notice = %n.detail, "checkpoint on the cloud's notice");
                     self.event(
@@ -98,13 +99,13 @@ impl NoticeContext {
             Api::namespaced(self.client.clone(), &pod.namespace);
         let ev = crate::status::pod_event(
             pod,
-            "CloudNotice",
+            names::event::CLOUD_NOTICE,
             message,
             true,
             &self.node,
             crate::status::now(),
         );
-        if let Err(e) = api.create(&PostParams::default(), &ev).await {
+        if let Err(e) = api.create(&crate::k8s::created_by_agent(), &ev).await {
             warn!(pod = %pod.name, error = %e, "cannot create an Event");
         }
     }
@@ -113,8 +114,11 @@ impl NoticeContext {
     async fn mark_node(&self, n: &Notice) -> crate::Result<()> {
         NODE_ENDING.store(true, Ordering::SeqCst);
         let labels = BTreeMap::from([
-            (crate::checks::READY_LABEL.to_owned(), None),
-            (NOTICE_LABEL.to_owned(), Some(n.kind.name().to_owned())),
+            (names::node::READY.to_owned(), None),
+            (
+                names::node::NOTICE.to_owned(),
+                Some(n.kind.name().to_owned()),
+            ),
         ]);
         crate::k8s::patch_node_labels(&self.client, &self.node, &labels).await
     }
@@ -177,7 +181,7 @@ impl NoticeContext {
 }
 
 pub(super) fn now_unix_ms() -> i64 {
-    crate::executor::now_ms() as i64
+    stasis_core::time::now_ms() as i64
 }
 
 fn deadline_text(n: &Notice) -> String {

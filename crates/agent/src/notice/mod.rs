@@ -31,9 +31,6 @@ use kube::{Client, ResourceExt};
 use stasis_core::notice::Provider;
 use tracing::{info, warn};
 
-/// The label a node gets once its cloud announced its end (the value: the notice's kind).
-pub const NOTICE_LABEL: &str = "stasis.dev/notice";
-
 /// Set once this node's end was announced: the node-readiness loop then keeps the node's
 /// `stasis.dev/ready` label withdrawn (one agent per node and process).
 static NODE_ENDING: AtomicBool = AtomicBool::new(false);
@@ -137,7 +134,7 @@ pub struct NoticeSettings {
 pub async fn run(cluster: Arc<crate::k8s::KubeCluster>, s: NoticeSettings, stop: Arc<AtomicBool>) {
     // A notice of an earlier life of this node (a maintenance reboot it came back from) is
     // over: its mark goes.
-    let clear = BTreeMap::from([(NOTICE_LABEL.to_owned(), None)]);
+    let clear = BTreeMap::from([(stasis_api::names::node::NOTICE.to_owned(), None)]);
     if let Err(e) = crate::k8s::patch_node_labels(&cluster.client, &cluster.node, &clear).await {
         warn!(node = %cluster.node, error = %e, "cannot clear an earlier notice's label");
     }
