@@ -1,30 +1,16 @@
-//! Label selector matching (`matchLabels` and `matchExpressions`: `In`, `NotIn`, `Exists`,
-//! `DoesNotExist`), as the API server defines it: which `CheckpointPolicy` selects a pod.
+//! Label selector matching (`matchLabels` and `matchExpressions`), as the API server defines
+//! it: which `CheckpointPolicy` selects a pod. kube's `Selector` does the matching, the same
+//! rule the controller applies.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
 
-/// True when `sel` selects `labels`. An empty selector selects everything; an unknown operator
-/// selects nothing.
+/// True when `sel` selects `labels`. An empty selector selects everything; an invalid one (an
+/// unknown operator) selects nothing.
 pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let ml = sel
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let me = sel.match_expressions.iter().flatten().all(|e| {
-        let vals = e.values.as_deref().unwrap_or_default();
-        let have = labels.get(&e.key);
-        match e.operator.as_str() {
-            "In" => have.is_some_and(|h| vals.contains(h)),
-            "NotIn" => have.is_none_or(|h| !vals.contains(h)),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            _ => false,
-        }
-    });
-    ml && me
+    Selector::try_from(sel.clone()).is_ok_and(|s| s.matches(labels))
 }
 
 #[cfg(test)]
