@@ -41,8 +41,13 @@ pub enum AgentError {
     /// A lineage record in stasis's namespace cannot be read.
     #[error("lineage record: {0}")]
     Record(String),
+    /// The checkpoint does not fit this node, image or declared versions (kept typed, as the
+    /// compatibility rule gives them).
+    #[error("incompatible checkpoint: {}", joined(.0))]
+    Incompatible(Vec<stasis_core::fingerprint::Mismatch>),
+    /// The checkpoint's pod spec hash is not the target pod's (or it records none).
     #[error("incompatible checkpoint: {0}")]
-    Incompatible(String),
+    SpecHash(String),
     #[error("{0}")]
     Invalid(String),
     /// The manifest read from the store is not the one the controller published (its digest
@@ -87,7 +92,7 @@ impl AgentError {
             AgentError::Kube(_) | AgentError::NoClient(_) => "kube",
             AgentError::KeyUnavailable(_) => "key",
             AgentError::Record(_) => "record",
-            AgentError::Incompatible(_) => "incompatible",
+            AgentError::Incompatible(_) | AgentError::SpecHash(_) => "incompatible",
             AgentError::Invalid(_) => "invalid",
             AgentError::ManifestMismatch { .. } => "integrity",
         }
@@ -102,9 +107,9 @@ impl AgentError {
             e if e.is_integrity_failure() => RestoreFailure::CheckpointDamaged,
             AgentError::Store(_) => RestoreFailure::FetchFailed,
             AgentError::Key(_) | AgentError::KeyUnavailable(_) => RestoreFailure::KeyUnavailable,
-            AgentError::Incompatible(_) | AgentError::ManyContainers { .. } => {
-                RestoreFailure::Incompatible
-            }
+            AgentError::Incompatible(_)
+            | AgentError::SpecHash(_)
+            | AgentError::ManyContainers { .. } => RestoreFailure::Incompatible,
             AgentError::Invalid(_) | AgentError::Record(_) => RestoreFailure::InvalidRestore,
             AgentError::Deadline(_) => RestoreFailure::Timeout,
             AgentError::Engine(_)
@@ -134,6 +139,14 @@ pub fn cold_start_failure(cause: stasis_node_api::ColdStartCause) -> RestoreFail
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 
+fn joined(mismatches: &[stasis_core::fingerprint::Mismatch]) -> String {
+    mismatches
+        .iter()
+        .map(|m| m.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,7 +163,11 @@ mod tests {
         assert_eq!(damaged.restore_failure(), RestoreFailure::CheckpointDamaged);
         for (e, want) in [
             (
-                AgentError::Incompatible("x".into()),
+                AgentError::SpecHash("x".into()),
+                RestoreFailure::Incompatible,
+            ),
+            (
+                AgentError::Incompatible(Vec::new()),
                 RestoreFailure::Incompatible,
             ),
             (

@@ -158,12 +158,12 @@ pub fn check_compatible(
 ) -> Result<()> {
     match (manifest.labels.get(label::SPEC_HASH), &job.spec_hash) {
         (Some(a), Some(b)) if a != b => {
-            return Err(AgentError::Incompatible(format!(
+            return Err(AgentError::SpecHash(format!(
                 "pod spec hash differs: checkpoint has {a}, pod has {b}"
             )))
         }
         (None, Some(_)) => {
-            return Err(AgentError::Incompatible(
+            return Err(AgentError::SpecHash(
                 "the checkpoint records no pod spec hash".into(),
             ))
         }
@@ -178,13 +178,7 @@ pub fn check_compatible(
     if mismatches.is_empty() {
         Ok(())
     } else {
-        Err(AgentError::Incompatible(
-            mismatches
-                .iter()
-                .map(|m| m.to_string())
-                .collect::<Vec<_>>()
-                .join("; "),
-        ))
+        Err(AgentError::Incompatible(mismatches))
     }
 }
 
@@ -284,7 +278,7 @@ mod tests {
 
     /// Only the parts under test: the node itself may lack CRIU where unit tests run.
     fn blames(r: Result<()>, what: &str) -> bool {
-        matches!(r, Err(AgentError::Incompatible(m)) if m.contains(what))
+        matches!(&r, Err(e @ (AgentError::Incompatible(_) | AgentError::SpecHash(_))) if e.to_string().contains(what))
     }
 
     #[test]
