@@ -15,7 +15,7 @@ use stasis_node_api::{
 use tracing::{info, warn};
 
 use crate::error::{AgentError, Result};
-use crate::executor::{CheckpointJob, CheckpointOutcome, Executor, Target};
+use crate::executor::{CheckpointJob, CheckpointOutcome, Executor, NotInPlace, Target};
 use crate::fence::{self, Stamp, Verdict};
 use crate::server::NodeHandler;
 use crate::status::PodKey;
@@ -32,7 +32,16 @@ pub struct PodInfo {
     pub restarts_in_place: bool,
     /// Whether a termination checkpoint is wanted (a policy selects the pod with
     /// `onTermination: true`); the reason when not.
-    pub final_wanted: std::result::Result<(), String>,
+    pub final_wanted: std::result::Result<(), FinalNotWanted>,
+}
+
+/// Why no termination checkpoint is wanted for a pod (the `skipped` answer's reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FinalNotWanted {
+    #[error("no CheckpointPolicy selects this pod")]
+    NoPolicy,
+    #[error("its CheckpointPolicy has onTermination: false")]
+    OnTerminationOff,
 }
 
 /// The cluster as the node side sees it.
@@ -64,12 +73,12 @@ pub trait Cluster: Send + Sync {
     /// The wrapper's report of a restore or a cold start.
     fn report(&self, req: &ReportRequest);
     /// A container of `pod` was OOM-killed: `Ok(checkpoint)` when its restart restores that
-    /// checkpoint in place (record it), `Err(reason)` when it starts cold (say why).
+    /// checkpoint in place (record it), `Err(why)` when it starts cold (say why).
     fn restart_in_place(
         &self,
         pod: &PodInfo,
         container: &str,
-        decision: std::result::Result<&str, &str>,
+        decision: std::result::Result<&str, &NotInPlace>,
     );
 }
 
@@ -111,7 +120,7 @@ impl Cluster for Standalone {
     ) {
     }
     fn report(&self, _: &ReportRequest) {}
-    fn restart_in_place(&self, _: &PodInfo, _: &str, _: std::result::Result<&str, &str>) {}
+    fn restart_in_place(&self, _: &PodInfo, _: &str, _: std::result::Result<&str, &NotInPlace>) {}
 }
 
 /// Pods with a checkpoint in progress: one at a time per pod. A waiter sleeps on a condition
@@ -224,7 +233,7 @@ impl Agent {
             return skipped("the agent does not know this pod");
         };
         if let Err(why) = &info.final_wanted {
-            return skipped(why);
+            return skipped(&why.to_string());
         }
         // A pod the controller has not registered yet (its first second or so) holds no
         // lineage: its stop goes on without a final checkpoint.
@@ -354,9 +363,9 @@ impl NodeHandler for Agent {
         };
         let name = req.pod.container_name.as_str();
         let decision = if pod.deletion_deadline.is_some() {
-            Err("its pod is being deleted".to_owned())
+            Err(NotInPlace::PodDeleting)
         } else if !pod.restarts_in_place {
-            Err("its pod's restartPolicy is Never".to_owned())
+            Err(NotInPlace::RestartPolicyNever)
         } else {
             self.exec.plan_in_place(&pod.key.uid, name)
         };
@@ -364,14 +373,13 @@ impl NodeHandler for Agent {
         self.cluster.restart_in_place(
             &pod,
             name,
-            decision
-                .as_ref()
-                .map(|p| p.checkpoint_ref.as_str())
-                .map_err(String::as_str),
+            decision.as_ref().map(|p| p.checkpoint_ref.as_str()),
         );
         match decision {
             Ok(plan) => ResponseBody::Plan(plan),
-            Err(reason) => ResponseBody::NoPlan { reason },
+            Err(why) => ResponseBody::NoPlan {
+                reason: why.to_string(),
+            },
         }
     }
 

@@ -23,6 +23,26 @@ pub(super) const KEPT_LATEST: &str = ".stasis-latest.json";
 /// the next checkpoint does not restore it again (no restore loop).
 pub(super) const RESTORED_IN_PLACE: &str = ".stasis-restored-in-place";
 
+/// Why a container the OOM killer ended restarts cold instead of in place from its kept
+/// checkpoint (the wrapper's `NoPlan` reason, and the pod's `ColdStart` Event).
+#[derive(Debug, thiserror::Error)]
+pub enum NotInPlace {
+    #[error("its pod is being deleted")]
+    PodDeleting,
+    #[error("its pod's restartPolicy is Never")]
+    RestartPolicyNever,
+    #[error("no valid pod UID and container name")]
+    InvalidNames,
+    #[error("no checkpoint of this container kept on this node")]
+    NothingKept,
+    #[error("the record of its kept checkpoint {path} is unreadable: {why}")]
+    Unreadable { path: PathBuf, why: String },
+    #[error("its latest checkpoint {0} was restored in place already and the container was OOM-killed again (no restore loop)")]
+    RestoredAlready(String),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+}
+
 impl Executor {
     pub(super) fn pod_images(&self, pod_uid: &str) -> PathBuf {
         self.cfg.images_dir.join(pod_uid)
@@ -54,7 +74,8 @@ impl Executor {
         stasis_engine::cuda::write_gpu_record(&dir, gpu, gpu_processes)
             .map_err(AgentError::io(&dir))?;
         let f = dir.join(KEPT_LATEST);
-        std::fs::write(&f, serde_json::to_vec(kept).unwrap_or_default()).map_err(AgentError::io(&f))
+        let json = serde_json::to_vec(kept).map_err(|e| AgentError::Invalid(e.to_string()))?;
+        std::fs::write(&f, json).map_err(AgentError::io(&f))
     }
 
     /// A restart in place (the container was OOM-killed): a plan file for the container's kept
@@ -65,19 +86,26 @@ impl Executor {
         &self,
         pod_uid: &str,
         container_name: &str,
-    ) -> std::result::Result<Plan, String> {
+    ) -> std::result::Result<Plan, NotInPlace> {
         let dir = self
             .kept_dir(pod_uid, container_name)
-            .ok_or_else(|| "no valid pod UID and container name".to_owned())?;
-        let kept: KeptLatest = std::fs::read(dir.join(KEPT_LATEST))
-            .ok()
-            .and_then(|raw| serde_json::from_slice(&raw).ok())
-            .ok_or_else(|| "no checkpoint of this container kept on this node".to_owned())?;
+            .ok_or(NotInPlace::InvalidNames)?;
+        let file = dir.join(KEPT_LATEST);
+        let raw = match std::fs::read(&file) {
+            Ok(raw) => raw,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(NotInPlace::NothingKept)
+            }
+            Err(e) => return Err(NotInPlace::Agent(AgentError::io(&file)(e))),
+        };
+        // A damaged record is said as such, not taken for "nothing kept".
+        let kept: KeptLatest =
+            serde_json::from_slice(&raw).map_err(|e| NotInPlace::Unreadable {
+                path: file.clone(),
+                why: e.to_string(),
+            })?;
         if dir.join(RESTORED_IN_PLACE).exists() {
-            return Err(format!(
-                "its latest checkpoint {} was restored in place already and the container was OOM-killed again (no restore loop)",
-                kept.checkpoint_ref
-            ));
+            return Err(NotInPlace::RestoredAlready(kept.checkpoint_ref));
         }
         let plan = Plan {
             image_dir: dir.clone(),
@@ -85,9 +113,9 @@ impl Executor {
             checkpoint_ref: kept.checkpoint_ref.clone(),
             tcp_established: kept.tcp_established,
         };
-        self.write_plan(pod_uid, container_name, &plan)
-            .map_err(|e| e.to_string())?;
-        std::fs::write(dir.join(RESTORED_IN_PLACE), b"").map_err(|e| e.to_string())?;
+        self.write_plan(pod_uid, container_name, &plan)?;
+        let marker = dir.join(RESTORED_IN_PLACE);
+        std::fs::write(&marker, b"").map_err(AgentError::io(&marker))?;
         info!(checkpoint_ref = %kept.checkpoint_ref, %pod_uid, container = %container_name, "restart in place prepared");
         Ok(plan)
     }

@@ -13,6 +13,7 @@ mod kept;
 mod plans;
 mod prepare;
 
+pub use kept::NotInPlace;
 pub use prepare::{check_compatible, verify_digest};
 
 use std::collections::BTreeMap;

@@ -102,6 +102,7 @@ impl Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::NotInPlace;
     use crate::metrics::Metrics;
     use stasis_store::{Key, Store};
     use std::collections::HashSet;
@@ -176,5 +177,17 @@ mod tests {
         // Unsafe names never reach the file system.
         exec.forget("../x", "app");
         assert!(!safe_component("../x") && !safe_component(".hidden") && safe_component("a-b_c.1"));
+
+        // A restart in place: nothing kept is said as such, and a damaged record as damaged.
+        assert!(matches!(
+            exec.plan_in_place("live", "app"),
+            Err(NotInPlace::NothingKept)
+        ));
+        let kept = exec.kept_dir("live", "app").unwrap();
+        std::fs::create_dir_all(&kept).unwrap();
+        std::fs::write(kept.join(".stasis-latest.json"), b"{not json").unwrap();
+        let e = exec.plan_in_place("live", "app").unwrap_err();
+        assert!(matches!(e, NotInPlace::Unreadable { .. }), "{e}");
+        assert!(exec.plan_in_place("../x", "app").is_err());
     }
 }

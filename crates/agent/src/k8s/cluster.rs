@@ -16,7 +16,7 @@ use tracing::warn;
 
 use super::{is_status, pod_info, MANAGER};
 use crate::error::{AgentError, Result};
-use crate::executor::{CheckpointOutcome, Executor};
+use crate::executor::{CheckpointOutcome, Executor, NotInPlace};
 use crate::fence::{self, RecordFacts, Stamp, Verdict};
 use crate::node::{Cluster, PodInfo};
 use crate::status::{self, PodKey};
@@ -167,14 +167,13 @@ impl Cluster for KubeCluster {
         &self,
         pod: &PodInfo,
         container: &str,
-        decision: std::result::Result<&str, &str>,
+        decision: std::result::Result<&str, &NotInPlace>,
     ) {
         let key = pod.key.clone();
         let checkpoint = match decision {
             Ok(c) => c.to_owned(),
-            Err(reason) => {
-                let msg =
-                    format!("container {container} was OOM-killed; it restarts cold: {reason}");
+            Err(why) => {
+                let msg = format!("container {container} was OOM-killed; it restarts cold: {why}");
                 self.rt
                     .block_on(self.emit(&key, reason::COLD_START, &msg, true));
                 return;

@@ -31,7 +31,6 @@ pub use pod_facts::{image_digest, not_opted_in, pod_info, restore_mismatch, sing
 pub(crate) use status_writer::created_by_agent;
 pub use watch::{start, KubeSettings, Running, QUEUED_PER_NAMESPACE, WORKERS_PER_QUEUE};
 
-
 /// Field manager of the agent's patches.
 pub const MANAGER: &str = "stasisd";
 

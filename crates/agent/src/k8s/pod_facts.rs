@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::core::v1::Pod;
 use stasis_api::{CheckpointPhase, CheckpointPolicy, PodCheckpoint, PodRestore, RestorePhase};
 
-use crate::node::PodInfo;
+use crate::node::{FinalNotWanted, PodInfo};
 use crate::selector;
 use crate::status::PodKey;
 
@@ -38,11 +38,11 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
         .filter(|p| selector::matches(&p.spec.selector, labels))
         .collect();
     let final_wanted = if selecting.is_empty() {
-        Err("no CheckpointPolicy selects this pod".to_owned())
+        Err(FinalNotWanted::NoPolicy)
     } else if selecting.iter().any(|p| p.spec.on_termination) {
         Ok(())
     } else {
-        Err("its CheckpointPolicy has onTermination: false".to_owned())
+        Err(FinalNotWanted::OnTerminationOff)
     };
     PodInfo {
         key: PodKey {
@@ -198,14 +198,14 @@ mod tests {
         assert!(pod_info(&p, &[policy("other", "counter", true)])
             .final_wanted
             .is_err());
-        assert!(pod_info(&p, &[policy("default", "x", true)])
-            .final_wanted
-            .unwrap_err()
-            .contains("no CheckpointPolicy"));
-        assert!(pod_info(&p, &[policy("default", "counter", false)])
-            .final_wanted
-            .unwrap_err()
-            .contains("onTermination"));
+        assert_eq!(
+            pod_info(&p, &[policy("default", "x", true)]).final_wanted,
+            Err(FinalNotWanted::NoPolicy)
+        );
+        assert_eq!(
+            pod_info(&p, &[policy("default", "counter", false)]).final_wanted,
+            Err(FinalNotWanted::OnTerminationOff)
+        );
 
         let bare = pod(json!({
             "metadata": {"name": "solo", "namespace": "ns1", "uid": "abcdef12-3"},
