@@ -19,7 +19,7 @@ pub enum AgentError {
     },
     #[error("no app container of pod {pod_uid} found in runc root {root}")]
     NoContainer { pod_uid: String, root: PathBuf },
-    #[error("pod {pod_uid} has {count} app containers; stasis checkpoints pods with exactly one app container")]
+    #[error("pod {pod_uid} has {count} app containers and stasis checkpoints only pods with one: this pod is not checkpointed, and it starts from the beginning when it is evicted or deleted")]
     ManyContainers { pod_uid: String, count: usize },
     #[error("container {0} is unknown to runc or is a pod sandbox")]
     UnknownContainer(String),
