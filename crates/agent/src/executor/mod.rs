@@ -3,10 +3,10 @@
 //! go through a tokio [`Handle`] (`block_on` from a non-runtime thread). Nothing here is async,
 //! and the engine (which forks runc and CRIU) never runs on a runtime thread.
 //!
-//! - [`checkpoint`]: a checkpoint (capture, manifest, upload, fence);
-//! - [`prepare`]: a restore's preparation (checks, fetch, verify, plan file);
-//! - [`kept`]: the latest checkpoint kept on the node for a restart in place;
-//! - [`plans`]: the plan files the wrapper reads, and the sweep of stale ones.
+//! - `checkpoint`: a checkpoint (capture, manifest, upload, fence);
+//! - `prepare`: a restore's preparation (checks, fetch, verify, plan file);
+//! - `kept`: the latest checkpoint kept on the node for a restart in place;
+//! - `plans`: the plan files the wrapper reads, and the sweep of stale ones.
 
 mod checkpoint;
 mod kept;
