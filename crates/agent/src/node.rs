@@ -30,6 +30,10 @@ pub struct PodInfo {
     pub deletion_deadline: Option<SystemTime>,
     /// Whether the kubelet restarts its containers in place (`restartPolicy` not `Never`).
     pub restarts_in_place: bool,
+    /// Whether a clean exit reads as the work being finished (`restartPolicy` `Never` or
+    /// `OnFailure`, as a Job's pods have): after its final checkpoint such a pod's container
+    /// ends with SIGKILL, so that its owner replaces it (and the replacement restores).
+    pub clean_exit_finishes: bool,
     /// Whether a termination checkpoint is wanted (a policy selects the pod with
     /// `onTermination: true`); the reason when not.
     pub final_wanted: std::result::Result<(), FinalNotWanted>,
@@ -99,6 +103,7 @@ impl Cluster for Standalone {
             deletion_deadline: None,
             final_wanted: Ok(()),
             restarts_in_place: true,
+            clean_exit_finishes: false,
         })
     }
     fn stamp(&self, pod: &PodKey) -> std::result::Result<Stamp, String> {
@@ -249,6 +254,7 @@ impl Agent {
         ) else {
             return skipped("no time left in the grace period");
         };
+        let end_with_kill = info.clean_exit_finishes;
         let (captured_tx, captured_rx) = mpsc::channel();
         let job = CheckpointJob {
             target: Target::ContainerId(c.id.clone()),
@@ -303,7 +309,10 @@ impl Agent {
             match captured_rx.recv_timeout(wait) {
                 Ok(checkpoint_ref) => {
                     info!(container = %req.container_id, %checkpoint_ref, "final checkpoint captured; uploading");
-                    return ResponseBody::Captured { checkpoint_ref };
+                    return ResponseBody::Captured {
+                        checkpoint_ref,
+                        end_with_kill,
+                    };
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     return ResponseBody::Failed {
@@ -318,6 +327,7 @@ impl Agent {
                 info!(container = %req.container_id, reference = %o.reference, total_ms = o.total_ms, "final checkpoint done");
                 ResponseBody::Done {
                     checkpoint_ref: o.reference,
+                    end_with_kill,
                 }
             }
             Ok(Err(e)) => {

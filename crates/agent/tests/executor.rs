@@ -70,7 +70,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
         })
         .expect("final_checkpoint");
     let took = t.elapsed();
-    let CheckpointAnswer::Done { checkpoint_ref } = answer else {
+    let CheckpointAnswer::Done { checkpoint_ref, .. } = answer else {
         panic!("final checkpoint: {answer:?}");
     };
     let after = last_count(&lines).unwrap();

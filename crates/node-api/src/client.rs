@@ -237,10 +237,20 @@ impl Client {
     ) -> Result<CheckpointAnswer, ClientError> {
         let total = Duration::from_millis(req.deadline_ms) + self.io_timeout;
         match self.call(RequestBody::FinalCheckpoint(req), total)? {
-            ResponseBody::Done { checkpoint_ref } => Ok(CheckpointAnswer::Done { checkpoint_ref }),
-            ResponseBody::Captured { checkpoint_ref } => {
-                Ok(CheckpointAnswer::Captured { checkpoint_ref })
-            }
+            ResponseBody::Done {
+                checkpoint_ref,
+                end_with_kill,
+            } => Ok(CheckpointAnswer::Done {
+                checkpoint_ref,
+                end_with_kill,
+            }),
+            ResponseBody::Captured {
+                checkpoint_ref,
+                end_with_kill,
+            } => Ok(CheckpointAnswer::Captured {
+                checkpoint_ref,
+                end_with_kill,
+            }),
             ResponseBody::Skipped { reason } => Ok(CheckpointAnswer::Skipped { reason }),
             ResponseBody::Failed { reason } => Ok(CheckpointAnswer::Failed { reason }),
             other => Err(unexpected(&other)),

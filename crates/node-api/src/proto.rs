@@ -168,11 +168,17 @@ pub enum ResponseBody {
     /// The final checkpoint is complete and published.
     Done {
         checkpoint_ref: String,
+        /// End the container with SIGKILL instead of the signal it was sent (see
+        /// [`CheckpointAnswer::end_with_kill`]). Absent (false) from agents that predate it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        end_with_kill: bool,
     },
     /// The final checkpoint's memory and files are captured; its upload goes on (it publishes
     /// `checkpoint_ref` when complete, or nothing). Only for `answer_when_captured`.
     Captured {
         checkpoint_ref: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        end_with_kill: bool,
     },
     /// No final checkpoint was taken, on purpose (not opted in, policy off, deadline too short).
     Skipped {
@@ -212,10 +218,40 @@ pub enum PlanAnswer {
 /// The answer to a `final_checkpoint` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckpointAnswer {
-    Done { checkpoint_ref: String },
-    Captured { checkpoint_ref: String },
-    Skipped { reason: String },
-    Failed { reason: String },
+    Done {
+        checkpoint_ref: String,
+        end_with_kill: bool,
+    },
+    Captured {
+        checkpoint_ref: String,
+        end_with_kill: bool,
+    },
+    Skipped {
+        reason: String,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+impl CheckpointAnswer {
+    /// Whether the runtime ends the container with SIGKILL rather than pass the SIGTERM on.
+    /// The agent asks for it when the pod's owner reads a clean exit as the work being finished
+    /// (`restartPolicy` `Never` or `OnFailure`: a Job's pod): the work's continuation is in the
+    /// checkpoint, and a workload that exits 0 on SIGTERM would otherwise mark its Job
+    /// complete, so that no replacement (and no restore) ever comes.
+    pub fn end_with_kill(&self) -> bool {
+        matches!(
+            self,
+            CheckpointAnswer::Done {
+                end_with_kill: true,
+                ..
+            } | CheckpointAnswer::Captured {
+                end_with_kill: true,
+                ..
+            }
+        )
+    }
 }
 
 impl Request {
@@ -317,6 +353,11 @@ mod tests {
             ResponseBody::NoPlan { reason: "x".into() },
             ResponseBody::Done {
                 checkpoint_ref: "r".into(),
+                end_with_kill: false,
+            },
+            ResponseBody::Captured {
+                checkpoint_ref: "r".into(),
+                end_with_kill: true,
             },
             ResponseBody::Skipped { reason: "s".into() },
             ResponseBody::Failed { reason: "f".into() },

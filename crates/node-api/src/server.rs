@@ -210,10 +210,12 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(f.deadline_ms + 300));
                 ResponseBody::Done {
                     checkpoint_ref: "late".into(),
+                    end_with_kill: false,
                 }
             }
             RequestBody::FinalCheckpoint(f) => ResponseBody::Done {
                 checkpoint_ref: format!("ref-{}", f.container_id),
+                end_with_kill: f.container_id == "job",
             },
             RequestBody::ContainerExited(c) if c.oom_killed => ResponseBody::Plan(plan()),
             RequestBody::ContainerExited(_) => ResponseBody::NoPlan {
@@ -287,9 +289,19 @@ mod tests {
             })
             .unwrap(),
             CheckpointAnswer::Done {
-                checkpoint_ref: "ref-c1".into()
+                checkpoint_ref: "ref-c1".into(),
+                end_with_kill: false,
             }
         );
+        let job = c
+            .final_checkpoint(FinalCheckpointRequest {
+                container_id: "job".into(),
+                pod: PodRef::default(),
+                deadline_ms: 1000,
+                answer_when_captured: false,
+            })
+            .unwrap();
+        assert!(job.end_with_kill(), "{job:?}");
         let report = ReportRequest {
             container_id: "c1".into(),
             pod,
@@ -299,8 +311,8 @@ mod tests {
             },
         };
         c.report(report.clone()).unwrap();
-        let got = srv.wait_for(5, Duration::from_secs(2));
-        assert_eq!(got.len(), 5);
+        let got = srv.wait_for(6, Duration::from_secs(2));
+        assert_eq!(got.len(), 6);
         assert!(got.contains(&Request::new(RequestBody::Report(report))));
     }
 

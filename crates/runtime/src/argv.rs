@@ -86,6 +86,19 @@ impl Invocation {
     pub fn global_args(&self) -> &[OsString] {
         &self.args[..self.command_at]
     }
+
+    /// This invocation's `kill` with another signal: the global flags, `kill`, `--all` when it
+    /// was given, the container and `signal`.
+    pub fn kill_with_signal(&self, k: &KillArgs, signal: &str) -> Vec<OsString> {
+        let mut args = self.global_args().to_vec();
+        args.push("kill".into());
+        if k.all {
+            args.push("--all".into());
+        }
+        args.extend(k.id.iter().map(OsString::from));
+        args.push(signal.into());
+        args
+    }
 }
 
 /// One token: `Flag { name, value }` for `-n`, `--n`, `--n=v`; `EndOfFlags` for `--`.
@@ -460,5 +473,32 @@ mod tests {
         for s in ["9", "KILL", "SIGKILL", "SIGUSR1", "34", "TERMX", ""] {
             assert!(!is_sigterm(Some(s)), "{s}");
         }
+    }
+
+    #[test]
+    fn a_kill_is_rewritten_with_another_signal_keeping_its_globals() {
+        let inv = parse(
+            ["--root", "/run/runc", "kill", "--all", "abc", "TERM"]
+                .into_iter()
+                .map(OsString::from)
+                .collect(),
+        );
+        let Some(Command::Kill(k)) = inv.command.clone() else {
+            panic!("{:?}", inv.command)
+        };
+        let want: Vec<OsString> = ["--root", "/run/runc", "kill", "--all", "abc", "KILL"]
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(inv.kill_with_signal(&k, "KILL"), want);
+        // runc's default signal (none given) is replaced too.
+        let inv = parse(["kill", "abc"].into_iter().map(OsString::from).collect());
+        let Some(Command::Kill(k)) = inv.command.clone() else {
+            panic!("{:?}", inv.command)
+        };
+        assert_eq!(
+            inv.kill_with_signal(&k, "KILL"),
+            ["kill", "abc", "KILL"].map(OsString::from).to_vec()
+        );
     }
 }

@@ -567,12 +567,13 @@ impl Ctx {
                     answer_when_captured: true,
                 });
         let ms = started.elapsed().as_millis();
+        let end_with_kill = answer.as_ref().is_ok_and(CheckpointAnswer::end_with_kill);
         match answer {
-            Ok(CheckpointAnswer::Done { checkpoint_ref }) => self.log(
+            Ok(CheckpointAnswer::Done { checkpoint_ref, .. }) => self.log(
                 Level::Info,
                 &format!("final checkpoint of {id} before SIGTERM: {checkpoint_ref} ({ms} ms)"),
             ),
-            Ok(CheckpointAnswer::Captured { checkpoint_ref }) => self.log(
+            Ok(CheckpointAnswer::Captured { checkpoint_ref, .. }) => self.log(
                 Level::Info,
                 &format!(
                     "final checkpoint of {id} before SIGTERM: {checkpoint_ref} captured ({ms} ms), uploading"
@@ -591,6 +592,15 @@ impl Ctx {
                 Level::Warning,
                 &format!("final checkpoint of {id}: no answer from the agent ({ms} ms): {e}"),
             ),
+        }
+        if end_with_kill {
+            // Its continuation is in the checkpoint; a clean exit on SIGTERM would tell the
+            // pod's owner (a Job) that the work is finished.
+            self.log(
+                Level::Info,
+                &format!("{id} ends with SIGKILL: its pod's exit would read as finished work"),
+            );
+            self.exec(&self.inv.kill_with_signal(k, "KILL"))
         }
         self.passthrough()
     }

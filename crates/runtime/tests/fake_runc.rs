@@ -189,6 +189,7 @@ fn sigterm_asks_the_agent_for_a_final_checkpoint_then_forwards() {
         match &r.body {
             RequestBody::FinalCheckpoint(c) => Some(ResponseBody::Done {
                 checkpoint_ref: format!("final-{}", c.container_id),
+                end_with_kill: false,
             }),
             _ => None,
         }
@@ -219,12 +220,36 @@ fn sigterm_asks_the_agent_for_a_final_checkpoint_then_forwards() {
 }
 
 #[test]
+fn a_job_pod_ends_with_sigkill_after_its_final_checkpoint() {
+    let f = Fake::new();
+    let _srv = TestServer::start(f.run_dir().join("agent.sock"), |r: &Request| {
+        match &r.body {
+            RequestBody::FinalCheckpoint(c) => Some(ResponseBody::Captured {
+                checkpoint_ref: format!("final-{}", c.container_id),
+                end_with_kill: true,
+            }),
+            _ => None,
+        }
+    })
+    .unwrap();
+    let mut args = f.globals();
+    args.extend(["kill", "c1", "TERM"].map(String::from));
+    let st = f.cmd(&strs(&args)).status().unwrap();
+    assert!(st.success());
+    let mut want = f.globals();
+    want.extend(["kill", "c1", "KILL"].map(String::from));
+    assert_eq!(f.calls()[0].1, want, "the SIGTERM became a SIGKILL");
+    assert!(f.log().contains("ends with SIGKILL"), "{}", f.log());
+}
+
+#[test]
 fn a_late_agent_holds_a_stop_at_most_the_deadline() {
     let f = Fake::new();
     let _srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| {
         std::thread::sleep(Duration::from_secs(5));
         Some(ResponseBody::Done {
             checkpoint_ref: "too late".into(),
+            end_with_kill: false,
         })
     })
     .unwrap();

@@ -155,6 +155,7 @@ fn agent(path: &Path) -> TestServer {
         }),
         RequestBody::FinalCheckpoint(f) => Some(ResponseBody::Done {
             checkpoint_ref: format!("final-of-{}", f.container_id),
+            end_with_kill: false,
         }),
         RequestBody::ContainerExited(_) => Some(ResponseBody::NoPlan {
             reason: "test agent".into(),

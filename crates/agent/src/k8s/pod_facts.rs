@@ -44,6 +44,7 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
     } else {
         Err(FinalNotWanted::OnTerminationOff)
     };
+    let restart_policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
     PodInfo {
         key: PodKey {
             namespace: ns,
@@ -54,8 +55,8 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
         declared: stasis_api::lineage::declared(labels, annotations),
         deletion_deadline: m.deletion_timestamp.as_ref().map(to_system_time),
         final_wanted,
-        restarts_in_place: pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref())
-            != Some("Never"),
+        restarts_in_place: restart_policy != Some("Never"),
+        clean_exit_finishes: matches!(restart_policy, Some("Never" | "OnFailure")),
     }
 }
 
@@ -212,6 +213,26 @@ mod tests {
             "spec": {"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}
         }));
         assert_eq!(single_container(&bare), None);
+    }
+
+    #[test]
+    fn a_pod_whose_clean_exit_finishes_its_work_is_told_apart() {
+        let with = |policy: Option<&str>| {
+            let mut spec = json!({"containers": [{"name": "c", "image": "i"}]});
+            if let Some(p) = policy {
+                spec["restartPolicy"] = json!(p);
+            }
+            let p =
+                pod(json!({"metadata": {"name": "j", "namespace": "n", "uid": "u"}, "spec": spec}));
+            let i = pod_info(&p, &[]);
+            (i.restarts_in_place, i.clean_exit_finishes)
+        };
+        // A Deployment's pod: restarted in place, a clean exit is not the end of its work.
+        assert_eq!(with(None), (true, false));
+        assert_eq!(with(Some("Always")), (true, false));
+        // A Job's pods: the Job reads exit 0 as done.
+        assert_eq!(with(Some("OnFailure")), (true, true));
+        assert_eq!(with(Some("Never")), (false, true));
     }
 
     /// Review M7: a pod of another RuntimeClass (or none) is never checkpointed.
