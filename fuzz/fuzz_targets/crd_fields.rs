@@ -35,16 +35,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(CheckpointId::parse(&id.to_string()).ok(), Some(id));
     }
     let mut ann = BTreeMap::new();
+    ann.insert(stasis_api::names::LINEAGE.to_owned(), a.to_string());
+    ann.insert(stasis_api::names::GENERATION.to_owned(), b.to_string());
     ann.insert(
-        stasis_api::lineage::LINEAGE_ANNOTATION.to_owned(),
-        a.to_string(),
-    );
-    ann.insert(
-        stasis_api::lineage::GENERATION_ANNOTATION.to_owned(),
-        b.to_string(),
-    );
-    ann.insert(
-        format!("{}{a}", stasis_api::lineage::DECLARE_PREFIX),
+        format!("{}{a}", stasis_api::names::DECLARE_PREFIX),
         b.to_string(),
     );
     let _ = stasis_api::lineage::pod_lineage(&ann);
