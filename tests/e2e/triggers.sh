@@ -148,9 +148,10 @@ spec: {sourcePodName: $P, reason: Manual}
 EOF
 check "i: a checkpoint of $P measures its cost" retry 60 bash -c "[ \"\$(kubectl -n $NS get pckpt auto-cost -o jsonpath='{.status.phase}')\" = Succeeded ]"
 entry() { kubectl -n "$NS" get ckptpolicy auto -o json | jq -c --arg p "$1" '.status.autoIntervals // [] | .[] | select(.pod == $p)'; }
-measured() { entry "$1" | jq -e '.costMeasured' >/dev/null; }
+# (sets E1: read once, used below; the status is rewritten every 15 s)
+measured() { E1=$(entry "$1"); [ -n "$E1" ] && jq -e '.costMeasured' <<<"$E1" >/dev/null; }
 check "i: the policy's status shows $P's interval, chosen from its measured cost" retry 60 measured "$P"
-E1=$(entry "$P"); echo "# before: $E1"
+echo "# before: $E1"
 I1=$(jq -r .intervalMillis <<<"$E1"); N1=$(jq -r .interruptions <<<"$E1")
 for k in 1 2 3 4; do
   OLD=$P
