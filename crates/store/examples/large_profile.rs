@@ -88,7 +88,9 @@ fn cpu_secs() -> f64 {
         .map(|x| x.parse().unwrap_or(0.0))
         .collect();
     // after the command: state(0) ... utime(11) stime(12), in clock ticks (100 per second)
-    f.get(11).zip(f.get(12)).map_or(0.0, |(u, s)| (u + s) / 100.0)
+    f.get(11)
+        .zip(f.get(12))
+        .map_or(0.0, |(u, s)| (u + s) / 100.0)
 }
 
 fn gbs(bytes: u64, secs: f64) -> f64 {
