@@ -112,6 +112,9 @@ enum Command {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    // With both of rustls's providers linked (a workspace build), none is the default: the
+    // first TLS connection would panic. Choose ring, as the agent and the controller do.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
