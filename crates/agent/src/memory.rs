@@ -305,7 +305,7 @@ impl Watcher {
             &self.ctx.node,
             &self.ctx.runtime_class,
         );
-        let now = crate::executor::now_ms();
+        let now = stasis_core::time::now_ms();
         self.quiet_until.retain(|_, until| *until > now);
         for (pod, wants) in targets {
             if self.quiet_until.contains_key(&pod.uid) {
@@ -346,7 +346,7 @@ impl Watcher {
         };
         let f = checkpoint_facts(&cks, &pod.uid);
         let gap = core_memory::min_gap(wants.heartbeat, f.last_cost);
-        let now = crate::executor::now_ms();
+        let now = stasis_core::time::now_ms();
         // A failed one (the pod was not registered yet, the store was down) is retried after
         // the shortest gap, not the full one.
         let verdict = match core_memory::verdict(f.in_flight, f.last_memory, gap, now) {
