@@ -17,7 +17,7 @@
 #      (no systemd-logind on these nodes; no evictionrequest controller in Kubernetes 1.37)
 #
 # Each path checks: the replacement is restored (PodRestore phase Restored, a Restored Event),
-# its first count >= the count at the checkpoint it came from (> 0: not a cold start) and <= the
+# its first count > the count at the checkpoint it came from (and not a cold start's 1) and <= the
 # last count of the old pod + 1, never state=CORRUPT. It prints, per path, the time from the
 # trigger until the replacement is back at the old pod's last count, and the counts lost (the
 # old pod's last count - the replacement's first + 1), and a table of them at the end.
@@ -185,8 +185,8 @@ settle() {
     cold_start_why "$label" "$NEW" "$t"
   fi
   check "$label: a Restored Event on $NEW" retry 30 restored_event "$NEW" "$new_uid"
-  check "$label: it resumed from a checkpoint: first count ($c_first) >= the count at the last heartbeat ($C_CKPT > 0)" \
-    ge "$c_first" "$((C_CKPT > 0 ? C_CKPT : 1 << 40))"
+  check "$label: it resumed from a checkpoint: first count ($c_first) > the count at the last heartbeat ($C_CKPT), and not a cold start's 1" \
+    resumed "$c_first" "$C_CKPT"
   check "$label: ... and not beyond where $OLD stopped ($c_first <= $c_stop + 1)" ge "$((${c_stop:-0} + 1))" "$c_first"
   check "$label: never state=CORRUPT" not_corrupt "$NS" "$NEW"
   [ -n "$c_first" ] && [ -n "$c_stop" ] || return 0

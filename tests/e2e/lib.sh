@@ -210,6 +210,10 @@ event() { # NS POD REASON: the messages of the pod's Events with that reason
 }
 ann() { kubectl -n "$1" get pod "$2" -o jsonpath="{.metadata.annotations.stasis\.dev/$3}"; }
 ge() { [ -n "$1" ] && [ -n "$2" ] && [ "$1" -ge "$2" ]; }
+# resumed FIRST CKPT: a counter's first count after a restore is past CKPT, the last count it logged
+# before the checkpoint began; a cold start's first count is 1, so FIRST must also be 2 or more.
+# (CKPT may be 0 when the checkpoint came within a second of the first count.)
+resumed() { [ -n "$1" ] && [ -n "$2" ] && [ "$1" -gt "$2" ] && [ "$1" -ge 2 ]; }
 # a replacement of app $2 other than $3, running and counting
 replacement() {
   local p; p=$(pods_of "$1" "$2" | grep -vx "$3" | head -1)

@@ -71,7 +71,7 @@ if [ -n "$P2" ]; then
   check "$P2 is restored (PodRestore Restored)" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore --field-selector spec.targetPodName=$P2 -o jsonpath='{.items[*].status.phase}')\" = Restored ]"
   check "... from the notice's checkpoint ${REF:-(none)} ($(restore_ref "$NS" "$P2"))" test -n "$REF" -a "$(restore_ref "$NS" "$P2")" = "$REF"
   echo "# count at the notice's checkpoint >= $C_CKPT, last count of the reclaimed pod: $C_DEAD, first count of $P2: $C_FIRST"
-  check "first count ($C_FIRST) >= the count at the notice's checkpoint ($C_CKPT > 0)" ge "$C_FIRST" "$((C_CKPT > 0 ? C_CKPT : 1 << 40))"
+  check "first count ($C_FIRST) > the count at the notice's checkpoint ($C_CKPT), and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
   check "... and <= the last count before the reclaim + 1 ($C_DEAD)" ge "$((C_DEAD + 1))" "$C_FIRST"
   check "never state=CORRUPT" not_corrupt "$NS" "$P2"
 fi

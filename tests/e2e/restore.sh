@@ -76,7 +76,7 @@ if [ -n "$P2" ]; then
   C_FIRST=$(first_count "$NS" "$P2"); C_STOP=$(last_count "$P1")
   echo "# count at the last heartbeat >= $C_CKPT, last count of $P1: $C_STOP, first count of $P2: $C_FIRST"
   check "a: the replacement runs on the other node ($(node_of "$NS" "$P2"))" test "$(node_of "$NS" "$P2")" = "$(other_node "$N1")"
-  check "a: its first count ($C_FIRST) >= the count at the last heartbeat checkpoint ($C_CKPT)" ge "$C_FIRST" "$C_CKPT"
+  check "a: its first count ($C_FIRST) > the count at the last heartbeat checkpoint ($C_CKPT), and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
   check "a: ... and not beyond where the old pod stopped ($C_STOP)" ge "$((C_STOP + 1))" "$C_FIRST"
   check "a: never state=CORRUPT" not_corrupt "$NS" "$P2"
   check "a: a PodRestore for it, phase Restored" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore --field-selector spec.targetPodName=$P2 -o jsonpath='{.items[*].status.phase}')\" = Restored ]"
@@ -109,7 +109,7 @@ if [ -n "${P2:-}" ]; then
     C_FIRST=$(first_count "$NS" "$P3")
     echo "# count at the last heartbeat >= $C_CKPT, last count seen from the dead node: $C_DEAD, first count of $P3: $C_FIRST"
     check "b: restored (PodRestore Restored, from $(restore_ref "$NS" "$P3"))" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore --field-selector spec.targetPodName=$P3 -o jsonpath='{.items[*].status.phase}')\" = Restored ]"
-    check "b: first count ($C_FIRST) >= the count at the last heartbeat ($C_CKPT)" ge "$C_FIRST" "$C_CKPT"
+    check "b: first count ($C_FIRST) > the count at the last heartbeat ($C_CKPT), and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
     check "b: ... and <= the last count the dead node printed + 1 ($C_DEAD)" ge "$((C_DEAD + 1))" "$C_FIRST"
     check "b: never state=CORRUPT" not_corrupt "$NS" "$P3"
   fi
