@@ -176,6 +176,11 @@ pub struct WaitRestoreArgs {
     pub namespace: String,
     #[arg(long, env = "STASIS_POD_NAME")]
     pub pod: String,
+    /// The pod's UID (downward API `metadata.uid`): the status endpoint answers only to it. A
+    /// wait container injected by an older webhook has none: it does not wait (the pod starts,
+    /// restoring if the node's agent has the restore ready, cold otherwise).
+    #[arg(long, env = "STASIS_POD_UID", default_value = "")]
+    pub uid: String,
     #[arg(long, default_value_t = 300)]
     pub timeout_seconds: u64,
     /// Give up when the controller stays unreachable this long.
@@ -189,6 +194,7 @@ pub fn wait_restore(a: &WaitRestoreArgs) {
         url: a.status_url.clone(),
         namespace: a.namespace.clone(),
         pod: a.pod.clone(),
+        uid: a.uid.clone(),
         timeout: Duration::from_secs(a.timeout_seconds),
         unreachable: Duration::from_secs(a.unreachable_seconds),
     });
@@ -359,6 +365,7 @@ mod tests {
             "--status-url=http://x:8080",
             "--namespace=n",
             "--pod=p",
+            "--uid=u-1",
             "--timeout-seconds=5",
         ])
         .unwrap();

@@ -20,17 +20,19 @@ use tokio_rustls::TlsAcceptor;
 use crate::metrics::Metrics;
 use crate::webhook::{final_wait_budget, review, Webhook};
 
-/// `<namespace>/<pod>` from `/v1/restores/<namespace>/<pod>`, when both are plausible names.
-pub fn restore_path(path: &str) -> Option<(&str, &str)> {
+/// `(<namespace>, <pod>, <uid>)` from `/v1/restores/<namespace>/<pod>/<uid>`, when all three are
+/// plausible names (a UID is lowercase hex and dashes).
+pub fn restore_path(path: &str) -> Option<(&str, &str, &str)> {
     let rest = path.strip_prefix("/v1/restores/")?;
-    let (ns, pod) = rest.split_once('/')?;
+    let mut parts = rest.split('/');
+    let (ns, pod, uid) = (parts.next()?, parts.next()?, parts.next()?);
     let ok = |s: &str| {
         !s.is_empty()
             && s.len() <= 253
             && s.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
     };
-    (ok(ns) && ok(pod)).then_some((ns, pod))
+    (parts.next().is_none() && ok(ns) && ok(pod) && ok(uid)).then_some((ns, pod, uid))
 }
 
 /// The answer of the status endpoint: the phase, and nothing else. The endpoint is reachable
@@ -40,44 +42,71 @@ pub fn phase_body(phase: Option<stasis_api::RestorePhase>) -> String {
     serde_json::json!({ "phase": phase }).to_string()
 }
 
+/// The answer for a pod the endpoint does not know, and for every question without the pod's
+/// UID: the same status and body, so that the endpoint tells nothing about pods a caller cannot
+/// read (a UID is 122 random bits that only those who may read the pod know).
+fn unknown_pod() -> Response<Body> {
+    reply(StatusCode::NOT_FOUND, "application/json", "{}")
+}
+
 /// The status a restoring pod's wait container asks for: `{"phase": ...}` of the `PodRestore`
-/// named after the pod (404 while there is none; `ColdStart` when the controller has handled the
-/// pod's decision and made none).
-async fn restore_status(client: &kube::Client, ns: &str, pod: &str) -> Response<Body> {
+/// made for the pod with this UID (404 while there is none; `ColdStart` when the controller has
+/// handled the pod's decision and made none). A UID that is not the pod's is answered as an
+/// unknown pod; so is a `PodRestore` of an earlier pod of the same name.
+async fn restore_status(client: &kube::Client, ns: &str, pod: &str, uid: &str) -> Response<Body> {
+    let unavailable = |e: kube::Error| {
+        tracing::debug!(error = %e, "restore status");
+        reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", "{}")
+    };
     let api = kube::Api::<stasis_api::PodRestore>::namespaced(client.clone(), ns);
-    match api.get_opt(pod).await {
-        Ok(Some(r)) => {
-            let phase = r.status.as_ref().and_then(|s| s.phase);
-            reply(StatusCode::OK, "application/json", phase_body(phase))
-        }
-        Ok(None) => {
-            // The controller creates the PodRestore before it marks the decision reported: a
-            // reported pod without one will not get one (its decision could not be confirmed
-            // against the lineage record), so it need not wait.
-            let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
-            let reported = matches!(
-                pods.get_opt(pod).await,
-                Ok(Some(p)) if p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(stasis_api::names::DECISION_REPORTED))
-            );
-            if reported {
-                reply(
-                    StatusCode::OK,
-                    "application/json",
-                    phase_body(Some(stasis_api::RestorePhase::ColdStart)),
-                )
-            } else {
-                reply(StatusCode::NOT_FOUND, "application/json", "{}")
-            }
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "restore status");
-            reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", "{}")
-        }
+    let restore = match api.get_opt(pod).await {
+        Ok(r) => r,
+        Err(e) => return unavailable(e),
+    };
+    let phase = |r: &stasis_api::PodRestore| {
+        let phase = r.status.as_ref().and_then(|s| s.phase);
+        reply(StatusCode::OK, "application/json", phase_body(phase))
+    };
+    if let Some(r) = restore
+        .as_ref()
+        .filter(|r| r.spec.target_pod_uid.as_deref() == Some(uid))
+    {
+        return phase(r);
+    }
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+    let p = match pods.get_opt(pod).await {
+        Ok(Some(p)) if p.metadata.uid.as_deref() == Some(uid) => p,
+        Ok(_) => return unknown_pod(),
+        Err(e) => return unavailable(e),
+    };
+    // A PodRestore without a target UID (made before they had one) is the pod's.
+    if let Some(r) = restore
+        .as_ref()
+        .filter(|r| r.spec.target_pod_uid.is_none())
+    {
+        return phase(r);
+    }
+    // The controller creates the PodRestore before it marks the decision reported: a reported
+    // pod without one will not get one (its decision could not be confirmed against the lineage
+    // record), so it need not wait.
+    let reported = p
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(stasis_api::names::DECISION_REPORTED));
+    if reported {
+        reply(
+            StatusCode::OK,
+            "application/json",
+            phase_body(Some(stasis_api::RestorePhase::ColdStart)),
+        )
+    } else {
+        unknown_pod()
     }
 }
 
 /// The admin routes (`stasis_service::admin`: `/metrics`, `/livez`, `/readyz`) and
-/// `/v1/restores/<namespace>/<pod>` (for the wait containers of restoring pods) on `listener`,
+/// `/v1/restores/<namespace>/<pod>/<uid>` (for the wait containers of restoring pods) on `listener`,
 /// until `shutdown`.
 pub async fn serve_metrics(
     listener: TcpListener,
@@ -98,7 +127,13 @@ pub async fn serve_metrics(
                 return r;
             }
             match (req.method(), restore_path(&path)) {
-                (&Method::GET, Some((ns, pod))) => restore_status(&client, ns, pod).await,
+                (&Method::GET, Some((ns, pod, uid))) => {
+                    restore_status(&client, ns, pod, uid).await
+                }
+                // Without the UID (a wait container of an older release), the same answer as
+                // for an unknown pod: that container waits out its timeout, then the pod starts
+                // (restored if the node's agent has the restore ready, cold otherwise).
+                (&Method::GET, None) if path.starts_with("/v1/restores/") => unknown_pod(),
                 _ => not_found(),
             }
         }
@@ -345,43 +380,78 @@ mod tests {
     #[test]
     fn restore_paths() {
         assert_eq!(
-            restore_path("/v1/restores/prod/counter-abc"),
-            Some(("prod", "counter-abc"))
+            restore_path("/v1/restores/prod/counter-abc/0b7e-42"),
+            Some(("prod", "counter-abc", "0b7e-42"))
         );
-        assert_eq!(restore_path("/v1/restores/prod/"), None);
-        assert_eq!(restore_path("/v1/restores/prod/a/b"), None);
-        assert_eq!(restore_path("/v1/restores/Prod/x"), None);
+        assert_eq!(restore_path("/v1/restores/prod/counter-abc"), None);
+        assert_eq!(restore_path("/v1/restores/prod/a/"), None);
+        assert_eq!(restore_path("/v1/restores/prod/a/u/x"), None);
+        assert_eq!(restore_path("/v1/restores/Prod/x/u"), None);
         assert_eq!(restore_path("/metrics"), None);
     }
 
-    /// The endpoint answers anyone: only the phase, never the lineage or checkpoint.
+    /// The body and status of an answer.
+    async fn answer(resp: Response<Body>) -> (StatusCode, serde_json::Value) {
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// The endpoint answers only the pod's UID, and then only the phase, never the lineage or
+    /// checkpoint; a wrong UID gets exactly the answer of a pod that does not exist.
     #[tokio::test]
-    async fn restore_status_says_only_the_phase() {
-        let svc = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
-            assert_eq!(
-                req.uri().path(),
-                "/apis/stasis.dev/v1alpha1/namespaces/prod/podrestores/web-1"
-            );
-            let body = serde_json::json!({
+    async fn restore_status_says_only_the_phase_and_only_to_the_pods_uid() {
+        use crate::testing::api_server;
+        let restore = |target: Option<&str>| {
+            serde_json::json!({
                 "apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
                 "metadata": {"name": "web-1", "namespace": "prod"},
                 "spec": {"checkpointRef": "prod_deploy_web.0a1b2c3d/20261129T083000.123Z-1a2b3c4d",
-                         "targetPodName": "web-1", "lineage": "prod_deploy_web.0a1b2c3d"},
+                         "targetPodName": "web-1", "targetPodUID": target, "lineage": "prod_deploy_web.0a1b2c3d"},
                 "status": {"phase": "Ready", "node": "worker-2"}
-            });
-            Ok::<_, std::convert::Infallible>(
-                http::Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(body.to_string().into_bytes()))
-                    .unwrap(),
-            )
-        });
-        let client = kube::Client::new(svc, "default");
-        let resp = restore_status(&client, "prod", "web-1").await;
-        assert_eq!(resp.status(), StatusCode::OK);
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v, serde_json::json!({"phase": "Ready"}));
+            })
+        };
+        let pod = |reported: bool| {
+            let ann = if reported {
+                serde_json::json!({stasis_api::names::DECISION_REPORTED: "true"})
+            } else {
+                serde_json::json!({})
+            };
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web-1", "namespace": "prod", "uid": "uid-web-1", "annotations": ann}})
+        };
+        const PR: &str = "/apis/stasis.dev/v1alpha1/namespaces/prod/podrestores/web-1";
+        const POD: &str = "/api/v1/namespaces/prod/pods/web-1";
+        let ask = |routes: Vec<(&str, serde_json::Value)>, uid: &'static str| {
+            let (client, _) = api_server(
+                routes
+                    .into_iter()
+                    .map(|(p, v)| (p.to_owned(), v))
+                    .collect(),
+            );
+            async move { answer(restore_status(&client, "prod", "web-1", uid).await).await }
+        };
+        let unknown = ask(vec![], "uid-web-1").await;
+        assert_eq!(unknown, (StatusCode::NOT_FOUND, serde_json::json!({})));
+        let ready = (StatusCode::OK, serde_json::json!({"phase": "Ready"}));
+        // The pod's own UID: the phase, nothing else.
+        let routes = || vec![(PR, restore(Some("uid-web-1"))), (POD, pod(false))];
+        assert_eq!(ask(routes(), "uid-web-1").await, ready);
+        // Another UID, with the PodRestore and the pod there: as if neither existed.
+        assert_eq!(ask(routes(), "uid-guessed").await, unknown);
+        // A reported cold start is told to its pod only.
+        let cold = vec![(POD, pod(true))];
+        assert_eq!(
+            ask(cold.clone(), "uid-web-1").await,
+            (StatusCode::OK, serde_json::json!({"phase": "ColdStart"}))
+        );
+        assert_eq!(ask(cold, "uid-guessed").await, unknown);
+        // The PodRestore of an earlier pod of the same name (a StatefulSet's) is not this pod's.
+        let earlier = vec![(PR, restore(Some("uid-earlier"))), (POD, pod(false))];
+        assert_eq!(ask(earlier, "uid-web-1").await, unknown);
+        // One made before PodRestores named their target's UID counts for the pod of that name.
+        let legacy = vec![(PR, restore(None)), (POD, pod(false))];
+        assert_eq!(ask(legacy.clone(), "uid-web-1").await, ready);
+        assert_eq!(ask(legacy, "uid-guessed").await, unknown);
     }
 }

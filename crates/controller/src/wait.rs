@@ -1,5 +1,5 @@
 //! `stasis-controller wait-restore`: the injected init container of a restoring pod. It asks
-//! the controller, `GET $STASIS_STATUS_URL/v1/restores/<namespace>/<pod>` (the `PodRestore`'s
+//! the controller, `GET $STASIS_STATUS_URL/v1/restores/<namespace>/<pod>/<uid>` (the `PodRestore`'s
 //! phase, which the node's agent sets), every half second until the phase is final for the wait
 //! (`Ready`, `Restored`, `Failed`, `ColdStart`), the controller stays unreachable for
 //! `unreachable_seconds`, or `timeout_seconds` pass. It always exits 0: whatever happened, the
@@ -34,13 +34,15 @@ pub fn poll_answer(status: u16, body: &str) -> Poll {
 
 /// The URL of a pod's restore status under the controller's status endpoint `base`
 /// (`http://host[:port][/path]`); `None` when `base` is not a plain-HTTP URL.
-pub fn status_url(base: &str, namespace: &str, pod: &str) -> Option<reqwest::Url> {
+/// The pod's UID is part of the path: the endpoint answers only to those who know it
+/// (docs/design.md §13.4).
+pub fn status_url(base: &str, namespace: &str, pod: &str, uid: &str) -> Option<reqwest::Url> {
     let base = reqwest::Url::parse(base).ok()?;
     if base.scheme() != "http" || base.host_str().is_none_or(str::is_empty) {
         return None;
     }
     let path = format!(
-        "{}/v1/restores/{namespace}/{pod}",
+        "{}/v1/restores/{namespace}/{pod}/{uid}",
         base.path().trim_end_matches('/')
     );
     let mut url = base;
@@ -65,13 +67,19 @@ pub struct WaitArgs {
     pub url: String,
     pub namespace: String,
     pub pod: String,
+    /// The pod's UID (downward API).
+    pub uid: String,
     pub timeout: Duration,
     pub unreachable: Duration,
 }
 
 /// Runs the wait; returns why it ended (printed by `main`).
 pub fn run(a: &WaitArgs) -> String {
-    let Some(url) = status_url(&a.url, &a.namespace, &a.pod) else {
+    if a.uid.is_empty() {
+        // Injected by a webhook older than the UID-bound endpoint: nothing to ask with.
+        return "no pod UID (STASIS_POD_UID): not waiting".into();
+    }
+    let Some(url) = status_url(&a.url, &a.namespace, &a.pod, &a.uid) else {
         return format!("no usable status URL {:?}: not waiting", a.url);
     };
     let authority = format!(
@@ -128,14 +136,14 @@ mod tests {
 
     #[test]
     fn urls() {
-        let u = |base: &str| status_url(base, "prod", "p").map(|u| u.to_string());
+        let u = |base: &str| status_url(base, "prod", "p", "u-1").map(|u| u.to_string());
         assert_eq!(
             u("http://stasis-controller.stasis-system.svc:8080").as_deref(),
-            Some("http://stasis-controller.stasis-system.svc:8080/v1/restores/prod/p")
+            Some("http://stasis-controller.stasis-system.svc:8080/v1/restores/prod/p/u-1")
         );
         assert_eq!(
             u("http://h/base/").as_deref(),
-            Some("http://h/base/v1/restores/prod/p")
+            Some("http://h/base/v1/restores/prod/p/u-1")
         );
         assert_eq!(u("https://h"), None);
         assert_eq!(u("http://"), None);
@@ -167,7 +175,7 @@ mod tests {
                     let n = s.read(&mut buf).unwrap();
                     req.extend_from_slice(&buf[..n]);
                 }
-                assert!(String::from_utf8_lossy(&req).starts_with("GET /v1/restores/prod/p "));
+                assert!(String::from_utf8_lossy(&req).starts_with("GET /v1/restores/prod/p/u-1 "));
                 let body = if i < 2 {
                     r#"{"phase":"Fetching"}"#
                 } else {
@@ -184,6 +192,7 @@ mod tests {
             url: format!("http://127.0.0.1:{port}"),
             namespace: "prod".into(),
             pod: "p".into(),
+            uid: "u-1".into(),
             timeout: Duration::from_secs(20),
             unreachable: Duration::from_secs(5),
         });
@@ -201,6 +210,7 @@ mod tests {
             url: format!("http://127.0.0.1:{port}"),
             namespace: "prod".into(),
             pod: "p".into(),
+            uid: "u-1".into(),
             timeout: Duration::from_secs(20),
             unreachable: Duration::from_millis(10),
         });

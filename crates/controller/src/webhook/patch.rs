@@ -40,8 +40,8 @@ pub struct WaitConfig {
 /// The init container that waits until the restore is ready on the node (the `PodRestore`'s
 /// phase, which the node's agent sets), failed, or past the timeout: then a cold start. It
 /// needs no API credentials, no host path and no privileges: it asks the controller's status
-/// endpoint (`GET <status_url>/v1/restores/<namespace>/<pod>`), naming itself through the
-/// downward API.
+/// endpoint (`GET <status_url>/v1/restores/<namespace>/<pod>/<uid>`), naming itself through
+/// the downward API (its UID is what the endpoint answers to).
 pub fn wait_container(cfg: &WaitConfig) -> Container {
     let field = |path: &str| EnvVarSource {
         field_ref: Some(ObjectFieldSelector {
@@ -73,6 +73,8 @@ pub fn wait_container(cfg: &WaitConfig) -> Container {
                 Some(field("metadata.namespace")),
                 None,
             ),
+            // The status endpoint answers only to the pod's UID (docs/design.md §13.4).
+            env("STASIS_POD_UID", Some(field("metadata.uid")), None),
             env("STASIS_STATUS_URL", None, Some(cfg.status_url.clone())),
         ]),
         resources: Some(ResourceRequirements {
@@ -344,7 +346,14 @@ mod tests {
             wait["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
             "metadata.name"
         );
-        assert_eq!(wait["env"][2]["name"], "STASIS_STATUS_URL");
+        // The pod's UID, which the status endpoint asks for (only those who can read the pod
+        // know it).
+        assert_eq!(wait["env"][2]["name"], "STASIS_POD_UID");
+        assert_eq!(
+            wait["env"][2]["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.uid"
+        );
+        assert_eq!(wait["env"][3]["name"], "STASIS_STATUS_URL");
         assert_eq!(wait["securityContext"]["runAsNonRoot"], true);
         // The result is still a valid Pod.
         let back: Pod = serde_json::from_value(out).unwrap();
