@@ -70,6 +70,13 @@ pub enum EngineError {
         entry: String,
         reason: String,
     },
+
+    #[error("checkpoint archive {}: entry {entry:?}: {reason}", archive.display())]
+    CheckpointArchive {
+        archive: PathBuf,
+        entry: String,
+        reason: String,
+    },
 }
 
 fn join(m: &[Mismatch]) -> String {

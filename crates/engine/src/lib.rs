@@ -24,5 +24,6 @@ pub mod sockets;
 mod tarball;
 pub mod tools;
 mod unpack;
+pub mod upstream;
 
 pub use error::EngineError;
