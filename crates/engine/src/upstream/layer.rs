@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
-use super::writer::{Entry, Writer};
+use super::writer::Writer;
 use crate::tarball::{Header, Reader};
 
 const OPAQUE: &[u8] = b"SCHILY.xattr.trusted.overlay.opaque";
@@ -42,25 +42,6 @@ fn is_whiteout(h: &Header) -> bool {
     h.typeflag == b'3' && h.dev_major == 0 && h.dev_minor == 0
 }
 
-fn entry_of(h: &Header) -> Entry {
-    Entry {
-        path: h.path.clone(),
-        link: h.link.clone(),
-        typeflag: h.typeflag,
-        mode: h.mode,
-        uid: h.uid,
-        gid: h.gid,
-        mtime: h.mtime,
-        size: match h.typeflag {
-            b'1' | b'2' | b'3' | b'4' | b'5' | b'6' => 0,
-            _ => h.size,
-        },
-        dev_major: h.dev_major,
-        dev_minor: h.dev_minor,
-        pax: h.pax.clone(),
-    }
-}
-
 fn open(src: &Path) -> io::Result<Reader<BufReader<File>>> {
     Ok(Reader::new(BufReader::with_capacity(
         1 << 20,
@@ -87,7 +68,7 @@ pub(super) fn upper_to_layer(src: &Path, dst: &Path) -> io::Result<Counts> {
         n.entries += 1;
         if is_whiteout(&h) {
             let (parent, name) = split(&h.path);
-            let mut e = Entry::file("", 0, 0o644, h.mtime);
+            let mut e = Header::file("", 0, 0o644, h.mtime);
             e.path = [parent, WHITEOUT_PREFIX, name].concat();
             (e.uid, e.gid) = (h.uid, h.gid);
             w.append(&e, &mut io::empty())?;
@@ -98,13 +79,13 @@ pub(super) fn upper_to_layer(src: &Path, dst: &Path) -> io::Result<Counts> {
             && h.pax
                 .iter()
                 .any(|(k, v)| k == OPAQUE && v.as_slice() == b"y");
-        let mut e = entry_of(&h);
+        let mut e = h.clone();
         // Overlay's own attributes (opaque, origin, redirect...) mean nothing in a layer.
         e.pax.retain(|(k, _)| !k.starts_with(OVERLAY_XATTRS));
         w.append(&e, &mut r.data())?;
         if opaque {
             let dir = h.path.strip_suffix(b"/").unwrap_or(&h.path);
-            let mut m = Entry::file("", 0, 0o644, h.mtime);
+            let mut m = Header::file("", 0, 0o644, h.mtime);
             m.path = [dir, b"/", OPAQUE_MARKER].concat();
             w.append(&m, &mut io::empty())?;
             n.opaque_dirs += 1;
@@ -132,15 +113,12 @@ pub(super) fn layer_to_upper(src: &Path, dst: &Path, deleted: &[String]) -> io::
     }
 
     let mut w = create(dst)?;
-    let whiteout = |path: Vec<u8>, mtime: u64| Entry {
-        path,
-        typeflag: b'3',
-        mtime,
-        ..Default::default()
-    };
     for d in deleted {
         let p = d.trim_start_matches('/');
-        w.append(&whiteout(p.as_bytes().to_vec(), 0), &mut io::empty())?;
+        w.append(
+            &Header::whiteout(p.as_bytes().to_vec(), 0),
+            &mut io::empty(),
+        )?;
         n.whiteouts += 1;
     }
     // Pass 2: each opaque directory marked once, before anything inside it is put there.
@@ -150,7 +128,7 @@ pub(super) fn layer_to_upper(src: &Path, dst: &Path, deleted: &[String]) -> io::
         let (parent, name) = split(&h.path);
         let parent_dir = parent.strip_suffix(b"/").unwrap_or(parent).to_vec();
         if opaque.contains(&parent_dir) && !marked.contains(&parent_dir) {
-            let mut d = Entry::dir("", h.mtime);
+            let mut d = Header::dir("", h.mtime);
             d.path = [&parent_dir[..], b"/"].concat();
             d.pax.push((OPAQUE.to_vec(), b"y".to_vec()));
             w.append(&d, &mut io::empty())?;
@@ -164,13 +142,13 @@ pub(super) fn layer_to_upper(src: &Path, dst: &Path, deleted: &[String]) -> io::
         n.entries += 1;
         if let Some(gone) = name.strip_prefix(WHITEOUT_PREFIX) {
             w.append(
-                &whiteout([parent, gone].concat(), h.mtime),
+                &Header::whiteout([parent, gone].concat(), h.mtime),
                 &mut io::empty(),
             )?;
             n.whiteouts += 1;
             continue;
         }
-        let mut e = entry_of(&h);
+        let mut e = h.clone();
         let own = h.path.strip_suffix(b"/").unwrap_or(&h.path).to_vec();
         if h.typeflag == b'5' && opaque.contains(&own) && marked.insert(own) {
             e.pax.push((OPAQUE.to_vec(), b"y".to_vec()));
@@ -210,7 +188,7 @@ fn decompressed(src: &Path) -> io::Result<Option<std::path::PathBuf>> {
 mod tests {
     use super::*;
 
-    fn archive(entries: &[(Entry, &[u8])]) -> tempfile::NamedTempFile {
+    fn archive(entries: &[(Header, &[u8])]) -> tempfile::NamedTempFile {
         let f = tempfile::NamedTempFile::new().unwrap();
         let mut w = Writer::new(std::fs::File::create(f.path()).unwrap());
         for (e, data) in entries {
@@ -234,26 +212,24 @@ mod tests {
         out
     }
 
-    fn dev(path: &str) -> Entry {
-        let mut e = Entry::file(path, 0, 0, 0);
-        e.typeflag = b'3';
-        e
+    fn dev(path: &str) -> Header {
+        Header::whiteout(path.as_bytes().to_vec(), 0)
     }
 
     #[test]
     fn whiteouts_and_opaque_dirs_round_trip_through_a_layer() {
-        let mut opaque = Entry::dir("./var/cache/", 0);
+        let mut opaque = Header::dir("./var/cache/", 0);
         opaque.pax.push((OPAQUE.to_vec(), b"y".to_vec()));
         opaque.pax.push((
             b"SCHILY.xattr.trusted.overlay.origin".to_vec(),
             vec![0, 10, 1],
         ));
         let upper = archive(&[
-            (Entry::dir("./", 0), b""),
-            (Entry::file("./etc/app.conf", 2, 0o644, 0), b"ok"),
+            (Header::dir("./", 0), b""),
+            (Header::file("./etc/app.conf", 2, 0o644, 0), b"ok"),
             (dev("./etc/removed"), b""),
             (opaque, b""),
-            (Entry::file("./var/cache/new", 1, 0o600, 0), b"x"),
+            (Header::file("./var/cache/new", 1, 0o600, 0), b"x"),
         ]);
         let dir = tempfile::tempdir().unwrap();
         let layer = dir.path().join("layer.tar");
@@ -293,9 +269,9 @@ mod tests {
         // Layers need not put the marker first; its directory must be opaque before anything
         // is put in it, or the restore would empty it after.
         let layer = archive(&[
-            (Entry::file("opt/a", 1, 0o644, 0), b"a"),
-            (Entry::file("opt/.wh..wh..opq", 0, 0o644, 0), b""),
-            (Entry::dir("opt/", 0), b""),
+            (Header::file("opt/a", 1, 0o644, 0), b"a"),
+            (Header::file("opt/.wh..wh..opq", 0, 0o644, 0), b""),
+            (Header::dir("opt/", 0), b""),
         ]);
         let dir = tempfile::tempdir().unwrap();
         let back = dir.path().join("upper.tar");
@@ -313,7 +289,7 @@ mod tests {
 
     #[test]
     fn a_gzip_layer_is_read_like_a_plain_one() {
-        let plain = archive(&[(Entry::file("f", 2, 0o644, 0), b"hi")]);
+        let plain = archive(&[(Header::file("f", 2, 0o644, 0), b"hi")]);
         let dir = tempfile::tempdir().unwrap();
         let gz = dir.path().join("layer.tar");
         let mut enc = flate2::write::GzEncoder::new(File::create(&gz).unwrap(), Default::default());

@@ -28,8 +28,9 @@ use stasis_core::manifest::{RootfsCapture, RootfsMethod};
 
 use crate::error::EngineError;
 use crate::image::ImageDir;
+use crate::tarball::Header;
 use crate::tarball::Reader;
-use writer::{Entry, Writer};
+use writer::Writer;
 
 const CONFIG_DUMP: &str = "config.dump";
 const SPEC_DUMP: &str = "spec.dump";
@@ -156,7 +157,7 @@ pub fn export(
     .unwrap_or_default();
     let put = |w: &mut Writer<_>, name: &str, data: &[u8]| {
         w.append(
-            &Entry::file(name, data.len() as u64, 0o600, t),
+            &Header::file(name, data.len() as u64, 0o600, t),
             &mut &data[..],
         )
     };
@@ -170,7 +171,7 @@ pub fn export(
         .map_err(EngineError::io(&criu))?;
     names.sort_by_key(|e| e.file_name());
     w.append(
-        &Entry::dir(&format!("{CHECKPOINT_DIR}/"), t),
+        &Header::dir(&format!("{CHECKPOINT_DIR}/"), t),
         &mut io::empty(),
     )
     .map_err(EngineError::io(out))?;
@@ -184,7 +185,7 @@ pub fn export(
         }
         let mut f = File::open(e.path()).map_err(EngineError::io(e.path()))?;
         w.append(
-            &Entry::file(&format!("{CHECKPOINT_DIR}/{name}"), md.len(), 0o600, t),
+            &Header::file(&format!("{CHECKPOINT_DIR}/{name}"), md.len(), 0o600, t),
             &mut f,
         )
         .map_err(EngineError::io(out))?;
@@ -192,7 +193,7 @@ pub fn export(
         // checkpointctl reads CRIU's log and statistics at the top of the archive.
         if matches!(name.as_str(), "dump.log" | "stats-dump") {
             let mut f = File::open(e.path()).map_err(EngineError::io(e.path()))?;
-            w.append(&Entry::file(&name, md.len(), 0o600, t), &mut f)
+            w.append(&Header::file(&name, md.len(), 0o600, t), &mut f)
                 .map_err(EngineError::io(out))?;
         }
     }
@@ -218,7 +219,7 @@ pub fn export(
             .map_err(EngineError::io(&from))?
             .len();
         let mut f = File::open(&from).map_err(EngineError::io(&from))?;
-        let r = w.append(&Entry::file(ROOTFS_DIFF, len, 0o600, t), &mut f);
+        let r = w.append(&Header::file(ROOTFS_DIFF, len, 0o600, t), &mut f);
         let _ = std::fs::remove_file(&layer);
         r.map_err(EngineError::io(out))?;
     }

@@ -1,5 +1,6 @@
-use super::writer::{Entry, Writer};
+use super::writer::Writer;
 use super::*;
+use crate::tarball::Header;
 
 const T: u64 = 1_764_547_200;
 
@@ -17,15 +18,17 @@ fn image_with_changes(dir: &Path) -> ImageDir {
     .unwrap();
     std::fs::create_dir_all(image.rootfs_dir()).unwrap();
     let mut w = Writer::new(File::create(image.rootfs_diff()).unwrap());
-    w.append(&Entry::dir("./", T), &mut io::empty()).unwrap();
+    w.append(&Header::dir("./", T), &mut io::empty()).unwrap();
     w.append(
-        &Entry::file("./data/state", 5, 0o644, T),
+        &Header::file("./data/state", 5, 0o644, T),
         &mut &b"hello"[..],
     )
     .unwrap();
-    let mut gone = Entry::file("./etc/motd", 0, 0, T);
-    gone.typeflag = b'3';
-    w.append(&gone, &mut io::empty()).unwrap();
+    w.append(
+        &Header::whiteout(b"./etc/motd".to_vec(), T),
+        &mut io::empty(),
+    )
+    .unwrap();
     w.finish().unwrap();
     image
 }
@@ -115,18 +118,18 @@ fn an_export_has_the_kubelet_layout_and_imports_back_to_the_same_images() {
 }
 
 /// An archive with `config.dump`, an inventory and then `extra`.
-fn hostile(dir: &Path, extra: &[(Entry, &[u8])]) -> PathBuf {
+fn hostile(dir: &Path, extra: &[(Header, &[u8])]) -> PathBuf {
     let p = dir.join("hostile.tar");
     let _ = std::fs::remove_file(&p);
     let mut w = Writer::new(File::create(&p).unwrap());
     let config = br#"{"id":"x","name":"y"}"#;
     w.append(
-        &Entry::file("config.dump", config.len() as u64, 0o600, T),
+        &Header::file("config.dump", config.len() as u64, 0o600, T),
         &mut &config[..],
     )
     .unwrap();
     w.append(
-        &Entry::file("checkpoint/inventory.img", 1, 0o600, T),
+        &Header::file("checkpoint/inventory.img", 1, 0o600, T),
         &mut &b"i"[..],
     )
     .unwrap();
@@ -137,7 +140,7 @@ fn hostile(dir: &Path, extra: &[(Entry, &[u8])]) -> PathBuf {
     p
 }
 
-fn refusal(dir: &Path, extra: &[(Entry, &[u8])]) -> String {
+fn refusal(dir: &Path, extra: &[(Header, &[u8])]) -> String {
     let p = hostile(dir, extra);
     let target = dir.join(format!("t{}", rand_suffix()));
     match import(&p, &ImageDir::new(&target)) {
@@ -156,7 +159,7 @@ fn rand_suffix() -> u64 {
 fn hostile_archives_are_refused_naming_the_entry() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut link = Entry::file("checkpoint/pages-1.img", 0, 0o777, T);
+    let mut link = Header::file("checkpoint/pages-1.img", 0, 0o777, T);
     link.typeflag = b'2';
     link.link = b"/etc/shadow".to_vec();
     let e = refusal(d, &[(link, b"")]);
@@ -170,14 +173,14 @@ fn hostile_archives_are_refused_naming_the_entry() {
         "checkpoint/sub/x.img",
         "checkpoint/.hidden",
     ] {
-        let e = refusal(d, &[(Entry::file(name, 1, 0o600, T), b"x")]);
+        let e = refusal(d, &[(Header::file(name, 1, 0o600, T), b"x")]);
         assert!(e.contains(name), "{name}: {e}");
     }
 
     let big = vec![b' '; (MAX_JSON + 1) as usize];
     let e = refusal(
         d,
-        &[(Entry::file("spec.dump", big.len() as u64, 0o600, T), &big)],
+        &[(Header::file("spec.dump", big.len() as u64, 0o600, T), &big)],
     );
     assert!(e.contains("spec.dump") && e.contains("at most"), "{e}");
 
@@ -185,7 +188,7 @@ fn hostile_archives_are_refused_naming_the_entry() {
     let layer = d.join("layer-src.tar");
     let mut w = Writer::new(File::create(&layer).unwrap());
     w.append(
-        &Entry::file("../../etc/cron.d/x", 1, 0o644, T),
+        &Header::file("../../etc/cron.d/x", 1, 0o644, T),
         &mut &b"x"[..],
     )
     .unwrap();
@@ -194,7 +197,7 @@ fn hostile_archives_are_refused_naming_the_entry() {
     let e = refusal(
         d,
         &[(
-            Entry::file("rootfs-diff.tar", bytes.len() as u64, 0o600, T),
+            Header::file("rootfs-diff.tar", bytes.len() as u64, 0o600, T),
             &bytes,
         )],
     );
@@ -208,7 +211,7 @@ fn hostile_archives_are_refused_naming_the_entry() {
     let e = refusal(
         d,
         &[(
-            Entry::file("deleted.files", list.len() as u64, 0o600, T),
+            Header::file("deleted.files", list.len() as u64, 0o600, T),
             &list[..],
         )],
     );
@@ -227,7 +230,7 @@ fn an_archive_without_its_parts_says_what_is_missing() {
 
     let p = dir.path().join("config-only.tar");
     let mut w = Writer::new(File::create(&p).unwrap());
-    w.append(&Entry::file("config.dump", 2, 0o600, T), &mut &b"{}"[..])
+    w.append(&Header::file("config.dump", 2, 0o600, T), &mut &b"{}"[..])
         .unwrap();
     w.finish().unwrap();
     let e = import(&p, &ImageDir::new(dir.path().join("b")))

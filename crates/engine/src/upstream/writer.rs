@@ -5,46 +5,53 @@
 
 use std::io::{self, Write};
 
+use crate::tarball::Header;
+
 const BLOCK: usize = 512;
 
-/// One member's header as this writer takes it.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Entry {
-    pub path: Vec<u8>,
-    pub link: Vec<u8>,
-    pub typeflag: u8,
-    pub mode: u64,
-    pub uid: u64,
-    pub gid: u64,
-    pub mtime: u64,
-    /// Bytes of data that follow in the archive.
-    pub size: u64,
-    pub dev_major: u64,
-    pub dev_minor: u64,
-    /// PAX records other than `path`, `linkpath` and `size`, which the writer adds when the
-    /// header cannot hold them.
-    pub pax: Vec<(Vec<u8>, Vec<u8>)>,
-}
-
-impl Entry {
+impl Header {
+    /// A regular file's header.
     pub(super) fn file(path: &str, size: u64, mode: u64, mtime: u64) -> Self {
         Self {
             path: path.as_bytes().to_vec(),
+            link: Vec::new(),
             typeflag: b'0',
             mode,
+            uid: 0,
+            gid: 0,
             mtime,
             size,
-            ..Default::default()
+            dev_major: 0,
+            dev_minor: 0,
+            pax: Vec::new(),
         }
     }
 
+    /// A directory's header.
     pub(super) fn dir(path: &str, mtime: u64) -> Self {
         Self {
-            path: path.as_bytes().to_vec(),
             typeflag: b'5',
             mode: 0o755,
-            mtime,
-            ..Default::default()
+            ..Self::file(path, 0, 0o755, mtime)
+        }
+    }
+
+    /// A character device 0/0 (an overlay whiteout).
+    pub(super) fn whiteout(path: Vec<u8>, mtime: u64) -> Self {
+        Self {
+            path,
+            typeflag: b'3',
+            mode: 0,
+            ..Self::file("", 0, 0, mtime)
+        }
+    }
+
+    /// Bytes of data that follow the header in an archive: none for links, directories and
+    /// devices, whatever their size field says (as [`crate::tarball::Reader`] reads them).
+    pub(super) fn data_len(&self) -> u64 {
+        match self.typeflag {
+            b'1' | b'2' | b'3' | b'4' | b'5' | b'6' => 0,
+            _ => self.size,
         }
     }
 }
@@ -60,8 +67,11 @@ impl<W: Write> Writer<W> {
         Self { out, written: 0 }
     }
 
-    /// Writes `e`'s header(s), then exactly `e.size` bytes from `data`, then the padding.
-    pub(super) fn append(&mut self, e: &Entry, data: &mut impl io::Read) -> io::Result<()> {
+    /// Writes `e`'s header(s), then exactly [`Header::data_len`] bytes from `data`, then the
+    /// padding. `path`, `linkpath` and `size` PAX records are written when the ustar header
+    /// cannot hold them (those in `e.pax` are left out).
+    pub(super) fn append(&mut self, e: &Header, data: &mut impl io::Read) -> io::Result<()> {
+        let size = e.data_len();
         let mut records: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         if e.path.len() > 99 {
             records.push((b"path".to_vec(), e.path.clone()));
@@ -69,8 +79,8 @@ impl<W: Write> Writer<W> {
         if e.link.len() > 99 {
             records.push((b"linkpath".to_vec(), e.link.clone()));
         }
-        if e.size > 0o77_777_777_777 {
-            records.push((b"size".to_vec(), e.size.to_string().into_bytes()));
+        if size > 0o77_777_777_777 {
+            records.push((b"size".to_vec(), size.to_string().into_bytes()));
         }
         records.extend(
             e.pax
@@ -105,24 +115,24 @@ impl<W: Write> Writer<W> {
             e.uid,
             e.gid,
             e.mtime,
-            e.size.min(0o77_777_777_777),
+            size.min(0o77_777_777_777),
             e.dev_major,
             e.dev_minor,
         );
         self.raw(&h)?;
-        let copied = io::copy(&mut io::Read::take(&mut *data, e.size), &mut self.out)?;
-        if copied != e.size {
+        let copied = io::copy(&mut io::Read::take(&mut *data, size), &mut self.out)?;
+        if copied != size {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!(
                     "{}: {copied} of {} bytes",
                     String::from_utf8_lossy(&e.path),
-                    e.size
+                    size
                 ),
             ));
         }
         self.written += copied;
-        self.pad(e.size)
+        self.pad(size)
     }
 
     pub(super) fn finish(mut self) -> io::Result<(W, u64)> {
@@ -222,13 +232,12 @@ mod tests {
     fn what_it_writes_the_engines_reader_reads_back() {
         let mut w = Writer::new(Vec::new());
         let long = "d/".repeat(80) + "file";
-        let mut e = Entry::file(&long, 3, 0o640, 1_700_000_000);
+        let mut e = Header::file(&long, 3, 0o640, 1_700_000_000);
         e.pax
             .push((b"SCHILY.xattr.user.k".to_vec(), b"line\nbreak\0".to_vec()));
         w.append(&e, &mut &b"abc"[..]).unwrap();
-        let mut dev = Entry::file("gone", 0, 0, 0);
-        dev.typeflag = b'3';
-        w.append(&dev, &mut io::empty()).unwrap();
+        w.append(&Header::whiteout(b"gone".to_vec(), 0), &mut io::empty())
+            .unwrap();
         let (bytes, _) = w.finish().unwrap();
 
         let mut r = crate::tarball::Reader::new(io::Cursor::new(bytes));
