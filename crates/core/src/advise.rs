@@ -58,11 +58,24 @@ pub enum SpotAffinity {
     Required,
 }
 
+/// What an eviction costs when nothing was measured: from a replacement's creation to its
+/// restored process running (the local cluster's paths back took 2-4 s; a large state takes its
+/// fetch), and from a cold pod's creation to ready (image pull and the workload's own start).
+pub const DEFAULT_RESTORE: Duration = Duration::from_secs(10);
+/// See [`DEFAULT_RESTORE`].
+pub const DEFAULT_COLD_START: Duration = Duration::from_secs(60);
+/// The freeze assumed before a workload's first checkpoint: a few hundred MiB of memory (the
+/// local cluster froze a 32 MiB counter for 40-55 ms; a large model's process freezes for
+/// seconds, and its own figure replaces this at its first checkpoint).
+pub const DEFAULT_FREEZE: Duration = Duration::from_secs(1);
+
 /// What the advisor needs to know of one workload (its pod template, as running).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadFacts {
     /// Opted in (`runtimeClassName: stasis`).
     pub opted_in: bool,
+    /// A CheckpointPolicy selects its pods.
+    pub has_policy: bool,
     pub replicas: u32,
     pub termination_grace: Duration,
     /// Keys of the taints the pod tolerates (an `Exists` toleration without a key tolerates all:
@@ -84,8 +97,9 @@ pub struct PoolFacts {
     pub provider: Option<Provider>,
     /// Any of the workload's nodes is spot capacity.
     pub spot: bool,
-    /// Evictions per hour observed on the pool (0 when none were seen).
-    pub evictions_per_hour: f64,
+    /// Keys of the `NoSchedule`/`NoExecute` taints on the cluster's spot nodes (a Karpenter
+    /// NodePool's own taint, say); empty when no spot node was seen (or nodes were not readable).
+    pub spot_taint_keys: Vec<String>,
 }
 
 /// How bad a finding is.
@@ -96,19 +110,49 @@ pub enum Severity {
     Warning,
 }
 
-/// One check's finding: a stable code for scripts and a sentence for people.
+impl Severity {
+    /// As kubectl prints an Event's type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "Info",
+            Severity::Warning => "Warning",
+        }
+    }
+}
+
+/// One check's finding: a stable code for scripts, and for people what was found, why it
+/// matters and how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub severity: Severity,
     pub code: &'static str,
-    pub message: String,
+    pub what: String,
+    pub why: String,
+    pub fix: String,
 }
 
-fn finding(severity: Severity, code: &'static str, message: String) -> Finding {
+fn finding(
+    severity: Severity,
+    code: &'static str,
+    what: impl Into<String>,
+    why: impl Into<String>,
+    fix: impl Into<String>,
+) -> Finding {
     Finding {
         severity,
         code,
-        message,
+        what: what.into(),
+        why: why.into(),
+        fix: fix.into(),
+    }
+}
+
+/// The taint a provider puts on its spot pools itself, as a toleration names it.
+fn platform_taint(provider: Provider) -> Option<&'static str> {
+    match provider {
+        Provider::Gcp => Some("cloud.google.com/gke-spot=true:NoSchedule"),
+        Provider::Azure => Some("kubernetes.azure.com/scalesetpriority=spot:NoSchedule"),
+        Provider::Aws => None,
     }
 }
 
@@ -121,6 +165,15 @@ pub fn check(
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     let tolerates = |key: &str| w.tolerated_taint_keys.iter().any(|k| k == "*" || k == key);
+    if w.opted_in && !w.has_policy {
+        out.push(finding(
+            Severity::Warning,
+            "NoPolicy",
+            "no CheckpointPolicy selects its pods",
+            "stasis takes no heartbeat of them: an eviction starts the replacement cold",
+            "create a CheckpointPolicy in its namespace whose selector matches its pods' labels",
+        ));
+    }
     if pool.spot {
         if let Some(provider) = pool.provider {
             let notice = spot_notice(provider);
@@ -129,9 +182,14 @@ pub fn check(
                     Severity::Warning,
                     "GraceExceedsNotice",
                     format!(
-                        "terminationGracePeriodSeconds is {} s but {} reclaims a spot machine {} s after its notice: the pod never gets the rest; size the shutdown (and the final checkpoint) to the notice",
+                        "terminationGracePeriodSeconds is {} s on spot capacity of {}, which reclaims a machine {} s after its notice",
                         w.termination_grace.as_secs(),
                         provider.name(),
+                        notice.as_secs()
+                    ),
+                    "the machine is gone when the notice runs out: the pod never gets the rest of its grace period, and a shutdown sized to it is cut off",
+                    format!(
+                        "set terminationGracePeriodSeconds to at most {} and size the shutdown (and the final checkpoint) to it",
                         notice.as_secs()
                     ),
                 ));
@@ -143,10 +201,12 @@ pub fn check(
                         Severity::Warning,
                         "FinalCheckpointTooSlow",
                         format!(
-                            "its last checkpoint took {:.1} s, longer than the {} s it gets at a reclaim: the replacement resumes from the heartbeat before it; shorten the interval or shrink the state",
+                            "its last checkpoint took {:.1} s from the freeze to the upload's end; at a reclaim it gets {} s",
                             cost.as_secs_f64(),
                             window.as_secs()
                         ),
+                        "the final checkpoint does not finish in time: the replacement resumes from the heartbeat before it",
+                        "shorten the interval, or shrink the state the checkpoint carries",
                     ));
                 }
             }
@@ -155,27 +215,50 @@ pub fn check(
             out.push(finding(
                 Severity::Info,
                 "NoSpread",
-                "several replicas on spot capacity without topologySpreadConstraints: one reclaim of an instance type in a zone can take them all at once".into(),
+                format!("{} replicas on spot capacity without topologySpreadConstraints", w.replicas),
+                "a provider often reclaims one instance type in one zone at once: one reclaim can take every replica",
+                "add a topologySpreadConstraint over topology.kubernetes.io/zone",
             ));
         }
     }
-    let platform_taint_tolerated = PLATFORM_SPOT_TAINTS.iter().any(|t| tolerates(t));
-    if platform_taint_tolerated && w.spot_affinity == SpotAffinity::None {
+    let spot_taint_tolerated = PLATFORM_SPOT_TAINTS
+        .iter()
+        .copied()
+        .chain(pool.spot_taint_keys.iter().map(String::as_str))
+        .any(tolerates);
+    if spot_taint_tolerated && w.spot_affinity == SpotAffinity::None {
         out.push(finding(
             Severity::Warning,
             "TolerationWithoutAffinity",
-            "it tolerates the spot taint but has no node affinity to the spot label: it may land on on-demand nodes; add a required (or preferred, to fall back) affinity".into(),
+            "it tolerates a spot taint but has no node affinity to a spot label",
+            "a toleration lets the pod onto spot nodes, it does not draw it there: it may land on on-demand nodes",
+            "add a node affinity on the spot label: required, or preferred to fall back to on-demand when spot capacity runs out",
         ));
     }
-    if w.spot_affinity != SpotAffinity::None && !platform_taint_tolerated {
-        if let Some(provider @ (Provider::Gcp | Provider::Azure)) = pool.provider {
+    if w.spot_affinity != SpotAffinity::None {
+        // The taints its spot nodes carry: those seen on the cluster's spot nodes, else the one
+        // the provider puts on its spot pools.
+        let mut needed: Vec<String> = pool.spot_taint_keys.clone();
+        if needed.is_empty() {
+            needed.extend(
+                pool.provider
+                    .and_then(platform_taint)
+                    .map(|t| t.split('=').next().unwrap_or(t).to_owned()),
+            );
+        }
+        let missing: Vec<&String> = needed.iter().filter(|k| !tolerates(k)).collect();
+        if !missing.is_empty() {
+            let names = missing
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
             out.push(finding(
                 Severity::Warning,
                 "AffinityWithoutToleration",
-                format!(
-                    "it asks for spot nodes but does not tolerate the taint {} puts on them: it cannot schedule there",
-                    provider.name()
-                ),
+                format!("it asks for spot nodes but does not tolerate their taint ({names})"),
+                "the taint keeps it off every spot node: with a required affinity it cannot schedule, with a preferred one it never lands on spot",
+                format!("add a toleration for {names} (effect NoSchedule)"),
             ));
         }
     }
@@ -183,16 +266,18 @@ pub fn check(
         out.push(finding(
             Severity::Info,
             "NoDisruptionBudget",
-            "no PodDisruptionBudget selects its pods: a drain may evict every replica at once (the kubelet's own evictions ignore budgets anyway)".into(),
+            "no PodDisruptionBudget selects its pods",
+            "a drain may evict every replica at once (the kubelet's own evictions ignore budgets anyway)",
+            "add a PodDisruptionBudget (maxUnavailable: 1) whose selector matches its pods",
         ));
     }
     if w.do_not_disrupt && w.opted_in {
         out.push(finding(
             Severity::Warning,
             "DoNotDisruptBlocksConsolidation",
-            format!(
-                "{DO_NOT_DISRUPT} keeps the autoscaler from consolidating its node; with stasis it moves at the cost of a restore: remove the annotation"
-            ),
+            format!("its pods carry {DO_NOT_DISRUPT}: \"true\""),
+            "the annotation keeps the autoscaler from consolidating or expiring its node, yet with stasis the pod moves at the cost of a restore",
+            format!("remove the {DO_NOT_DISRUPT} annotation from its pod template"),
         ));
     }
     out
@@ -203,6 +288,8 @@ pub fn check(
 pub struct CostFacts {
     /// The time the workload is frozen per checkpoint.
     pub freeze: Duration,
+    /// One checkpoint from the freeze to the upload's end (`interval: auto`'s cost).
+    pub checkpoint: Duration,
     /// The heartbeat interval.
     pub interval: Duration,
     /// From the replacement's creation to its restored process running.
@@ -226,7 +313,8 @@ pub struct Goodput {
     pub with_stasis: f64,
     /// The same without stasis.
     pub without_stasis: f64,
-    /// Young's interval for this cost and eviction rate, when evictions were seen.
+    /// The interval `interval: auto` would choose for this cost and eviction rate (Daly's
+    /// optimum within its bounds), when evictions are expected.
     pub suggested_interval_s: Option<f64>,
 }
 
@@ -241,7 +329,15 @@ pub fn goodput(cost: &CostFacts, evictions_per_hour: f64) -> Goodput {
     let with = ((1.0 - freeze_share) * (1.0 - rate_per_s * loss_with)).clamp(0.0, 1.0);
     let without = (1.0 - rate_per_s * loss_without).clamp(0.0, 1.0);
     let suggested = (rate_per_s > 0.0).then(|| {
-        crate::policy::young(cost.freeze, Duration::from_secs_f64(1.0 / rate_per_s)).as_secs_f64()
+        let mtbf = Duration::from_secs_f64((1.0 / rate_per_s).min(1e12));
+        crate::interval::auto_interval(
+            Some(cost.checkpoint),
+            Some(cost.freeze),
+            mtbf,
+            crate::policy::DEFAULT_MAX_FREEZE_FRACTION,
+        )
+        .interval
+        .as_secs_f64()
     });
     Goodput {
         loss_per_eviction_s: loss_with,
@@ -259,6 +355,7 @@ mod tests {
     fn server() -> WorkloadFacts {
         WorkloadFacts {
             opted_in: true,
+            has_policy: true,
             replicas: 1,
             termination_grace: Duration::from_secs(30),
             tolerated_taint_keys: vec![],
@@ -273,7 +370,7 @@ mod tests {
         PoolFacts {
             provider: Some(Provider::Gcp),
             spot: true,
-            evictions_per_hour: 1.0,
+            spot_taint_keys: vec![],
         }
     }
 
@@ -312,8 +409,10 @@ mod tests {
             ..server()
         };
         let f = check(&w, &gke_spot(), None);
-        assert!(codes(&f).contains(&"GraceExceedsNotice"));
-        assert!(f[0].message.contains("30 s"), "{}", f[0].message);
+        let grace = f.iter().find(|f| f.code == "GraceExceedsNotice").unwrap();
+        assert!(grace.what.contains("120 s"), "{}", grace.what);
+        assert!(grace.what.contains("30 s"), "{}", grace.what);
+        assert!(grace.fix.contains("at most 30"), "{}", grace.fix);
         // On AWS two minutes fit.
         let aws = PoolFacts {
             provider: Some(Provider::Aws),
@@ -351,12 +450,48 @@ mod tests {
         assert!(
             codes(&check(&only_affinity, &gke_spot(), None)).contains(&"AffinityWithoutToleration")
         );
-        // Karpenter taints nothing by itself: an affinity alone is fine on AWS.
+        // Karpenter taints nothing by itself: an affinity alone is fine on AWS...
         let aws = PoolFacts {
             provider: Some(Provider::Aws),
             ..gke_spot()
         };
         assert!(!codes(&check(&only_affinity, &aws, None)).contains(&"AffinityWithoutToleration"));
+        // ...unless its NodePool taints its nodes: the taints seen on spot nodes count, named.
+        let tainted = PoolFacts {
+            spot_taint_keys: vec!["workload-class".into()],
+            ..aws
+        };
+        let f = check(&only_affinity, &tainted, None);
+        let missing = f
+            .iter()
+            .find(|f| f.code == "AffinityWithoutToleration")
+            .unwrap();
+        assert!(missing.fix.contains("workload-class"), "{}", missing.fix);
+        // A toleration of that taint without an affinity is the other half missing.
+        let custom = WorkloadFacts {
+            tolerated_taint_keys: vec!["workload-class".into()],
+            ..server()
+        };
+        assert!(codes(&check(&custom, &tainted, None)).contains(&"TolerationWithoutAffinity"));
+        let both = WorkloadFacts {
+            spot_affinity: SpotAffinity::Required,
+            ..custom
+        };
+        assert!(check(&both, &tainted, None).is_empty());
+    }
+
+    #[test]
+    fn an_opted_in_workload_without_a_policy_is_flagged() {
+        let w = WorkloadFacts {
+            has_policy: false,
+            ..server()
+        };
+        assert_eq!(codes(&check(&w, &gke_spot(), None)), ["NoPolicy"]);
+        let plain = WorkloadFacts {
+            opted_in: false,
+            ..w
+        };
+        assert!(check(&plain, &gke_spot(), None).is_empty());
     }
 
     #[test]
@@ -389,6 +524,7 @@ mod tests {
     fn goodput_follows_the_formula() {
         let cost = CostFacts {
             freeze: Duration::from_secs(2),
+            checkpoint: Duration::from_secs(2),
             interval: Duration::from_secs(60),
             restore: Duration::from_secs(10),
             cold_start: Duration::from_secs(600),
@@ -400,15 +536,22 @@ mod tests {
         // 2 evictions/h: with = (1 - 2/60)(1 - 80/3600); without = 1 - 1200/3600.
         assert!((g.with_stasis - (58.0 / 60.0) * (1.0 - 80.0 / 3600.0)).abs() < 1e-12);
         assert!((g.without_stasis - (1.0 - 1200.0 / 3600.0)).abs() < 1e-12);
-        // Young: sqrt(2 · 2 s · 1800 s) ≈ 84.9 s.
+        // What interval: auto chooses: Daly's optimum for 2 s and an MTBF of 1800 s (above its
+        // floors), within 2 % of Young's sqrt(2 · 2 s · 1800 s) ≈ 84.9 s.
         let s = g.suggested_interval_s.unwrap();
-        assert!((s - (2.0f64 * 2.0 * 1800.0).sqrt()).abs() < 1e-6, "{s}");
+        let daly = crate::policy::daly(Duration::from_secs(2), Duration::from_secs(1800));
+        assert!((s - daly.as_secs_f64()).abs() < 1e-3, "{s} vs {daly:?}");
+        assert!(
+            (s / (2.0f64 * 2.0 * 1800.0).sqrt() - 1.0).abs() < 0.02,
+            "{s}"
+        );
     }
 
     #[test]
     fn without_evictions_only_the_freezes_cost_and_no_interval_is_suggested() {
         let cost = CostFacts {
             freeze: Duration::from_secs(1),
+            checkpoint: Duration::from_secs(1),
             interval: Duration::from_secs(100),
             restore: Duration::from_secs(5),
             cold_start: Duration::from_secs(60),
@@ -424,6 +567,7 @@ mod tests {
     fn losses_larger_than_the_hour_give_zero_not_negative() {
         let cost = CostFacts {
             freeze: Duration::from_secs(1),
+            checkpoint: Duration::from_secs(3),
             interval: Duration::from_secs(60),
             restore: Duration::from_secs(5),
             cold_start: Duration::from_secs(1800),

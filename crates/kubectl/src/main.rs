@@ -6,12 +6,16 @@
 //! - `restore POD --from CHECKPOINT`: a `PodRestore`, refused with the reason when the user may
 //!   not restore;
 //! - `why POD`: the admission decision, the pod's `PodRestore`s and stasis's Events about it;
-//! - `list [POD | KIND/NAME]`: the checkpoints, newest first.
+//! - `list [POD | KIND/NAME]`: the checkpoints, newest first;
+//! - `advise`: for each opted-in workload, the checks of its readiness for evictions on spot
+//!   capacity and the arithmetic of an eviction with and without stasis (advice: exit 0 with
+//!   findings).
 //!
 //! Tables as kubectl prints them; `-o json` and `-o yaml` print the same data as objects. The
 //! cluster and namespace come from the kubeconfig (`KUBECONFIG`, `--context`), or `-n`.
 
 mod actions;
+mod advise;
 mod read;
 mod table;
 mod view;
@@ -42,7 +46,7 @@ struct Cli {
     /// Namespace (default: the kubeconfig context's)
     #[arg(short = 'n', long, global = true)]
     namespace: Option<String>,
-    /// Every namespace (status and list)
+    /// Every namespace (status, list and advise)
     #[arg(short = 'A', long, global = true)]
     all_namespaces: bool,
     /// The kubeconfig file (default: KUBECONFIG, then ~/.kube/config)
@@ -108,6 +112,11 @@ enum Command {
     Why { pod: String },
     /// Checkpoints, newest first: all of the namespace, or of a pod or workload
     List { target: Option<String> },
+    /// For each opted-in workload: what makes it lose work on spot capacity (grace period
+    /// against the provider's notice, toleration and affinity, disruption budget,
+    /// do-not-disrupt), its checkpoint's cost, the loss per eviction and the goodput with and
+    /// without stasis at its node pool's eviction rate, with where each figure came from
+    Advise,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -156,6 +165,16 @@ async fn run(cli: Cli) -> Result<()> {
                 cli.output,
                 &as_list(&items),
                 || list_table(&items, cli.all_namespaces),
+                &scope,
+            )
+        }
+        Command::Advise => {
+            let facts = read::advise(&client, &scope, rc).await?;
+            let report = advise::report(&facts);
+            emit(
+                cli.output,
+                &report,
+                || advise::render(&report, cli.all_namespaces),
                 &scope,
             )
         }

@@ -4,7 +4,7 @@
 use anyhow::{anyhow, bail, Result};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ListParams;
 use kube::core::Selector;
@@ -12,6 +12,7 @@ use kube::{Api, Client, ResourceExt};
 use stasis_api::{CheckpointPolicy, PodCheckpoint, PodRestore};
 
 use crate::actions::api_error;
+use crate::advise;
 use crate::view::{self, PodStatus};
 use crate::why::{self, Why};
 
@@ -225,6 +226,43 @@ pub async fn why(client: &Client, scope: &Scope, pod: &str) -> Result<Why> {
         .map_err(|e| api_error(e, "listing the pod's Events"))?
         .items;
     Ok(why::why(&p, &restores, &events, now_ms()))
+}
+
+/// `advise`: the objects its advice is made of, each kind listed once. Nodes are cluster-wide
+/// and a namespace user usually may not list them: the report says so, it is not an error.
+pub async fn advise(client: &Client, scope: &Scope, runtime_class: &str) -> Result<advise::Facts> {
+    let pods = pods(client, scope, None, runtime_class).await?;
+    let scope_name = match scope {
+        Scope::Namespace(ns) => format!("namespace {ns}"),
+        Scope::All => "all namespaces".to_owned(),
+    };
+    let mut facts = advise::Facts {
+        scope: scope_name,
+        pods: Vec::new(),
+        budgets: Vec::new(),
+        nodes: Ok(Vec::new()),
+        policies: Vec::new(),
+        checkpoints: Vec::new(),
+        restores: Vec::new(),
+        now_ms: now_ms(),
+    };
+    if pods.is_empty() {
+        return Ok(facts);
+    }
+    facts.pods = pods;
+    facts.nodes = match Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => Ok(l.items),
+        Err(kube::Error::Api(s)) if s.code == 403 => Err(s.message.clone()),
+        Err(e) => return Err(api_error(e, "listing nodes")),
+    };
+    facts.budgets = all(client, scope).await?;
+    facts.policies = all(client, scope).await?;
+    facts.checkpoints = all(client, scope).await?;
+    facts.restores = all(client, scope).await?;
+    Ok(facts)
 }
 
 pub fn now_ms() -> i64 {

@@ -85,7 +85,7 @@ fn succeeded(c: &PodCheckpoint) -> bool {
 
 /// True when the checkpoint belongs to the pod's history: its lineage when the pod names one,
 /// else the pod itself (by UID, or by name for checkpoints that have no UID yet).
-fn of_pod(c: &PodCheckpoint, pod: &Pod, lineage: Option<&str>) -> bool {
+pub(crate) fn of_pod(c: &PodCheckpoint, pod: &Pod, lineage: Option<&str>) -> bool {
     let st = c.status.as_ref();
     if let (Some(l), Some(cl)) = (lineage, st.and_then(|s| s.lineage.as_deref())) {
         return l == cl;

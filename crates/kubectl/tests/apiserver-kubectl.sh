@@ -251,6 +251,112 @@ ok_if "restore as ops (stasis-restorer): a PodRestore of web-0's checkpoint into
 as ops why web-1
 ok_if "why web-1: shows that PodRestore" bash -c "grep -Eq '^  web-1-restore-[a-z0-9]+ +prod_deployment_web.1/0000000001' '$work/out'"
 
+# ------------------------------------------------------------------ advise
+# Namespace spot: one Deployment per check (its pods made by hand, owned by a ReplicaSet
+# <app>-h1 as the Deployment controller names them; no controller-manager runs here), one that
+# passes every check, and two nodes as GKE labels them: a spot node of pool gpu with GKE's own
+# taint, an on-demand node of pool main.
+kubectl create namespace spot >/dev/null
+kubectl -n spot create serviceaccount default >/dev/null
+kubectl create -f - >/dev/null <<'EOF'
+apiVersion: v1
+kind: Node
+metadata: {name: gke-spot-1, labels: {cloud.google.com/gke-nodepool: gpu, cloud.google.com/gke-spot: "true"}}
+spec:
+  providerID: gce://proj/europe-west4-a/gke-spot-1
+  taints: [{key: cloud.google.com/gke-spot, value: "true", effect: NoSchedule}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: gke-main-1, labels: {cloud.google.com/gke-nodepool: main}}
+spec: {providerID: gce://proj/europe-west4-a/gke-main-1}
+EOF
+tolerate='{"tolerations":[{"key":"cloud.google.com/gke-spot","operator":"Equal","value":"true","effect":"NoSchedule"}]}'
+affinity='{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"cloud.google.com/gke-spot","operator":"In","values":["true"]}]}]}}}}'
+onspot=$(jq -nc --argjson t "$tolerate" --argjson a "$affinity" '$t + $a + {nodeName: "gke-spot-1", terminationGracePeriodSeconds: 25}')
+spod() { # name app spec-json [annotations-json] [extra-labels-json]
+    jq -nc --arg n "$1" --arg app "$2" --argjson spec "$3" --argjson ann "${4:-{\}}" --argjson l "${5:-{\"policy\":\"fixed\",\"pdb\":\"yes\"\}}" \
+        '{apiVersion: "v1", kind: "Pod", metadata: {name: $n, labels: ({app: $app, "pod-template-hash": "h1"} + $l), annotations: $ann,
+          ownerReferences: [{apiVersion: "apps/v1", kind: "ReplicaSet", name: ($app + "-h1"), uid: "00000000-0000-4000-8000-000000000001", controller: true}]},
+          spec: ({runtimeClassName: "stasis", containers: [{name: "c", image: "i"}]} + $spec)}' | kubectl -n spot create -f - >/dev/null
+}
+spod grace-h1-a grace "$(jq -c '.terminationGracePeriodSeconds = 120' <<<"$onspot")"  # 120 s on GKE spot (30 s notice)
+spod nopdb-h1-a nopdb "$onspot" '{}' '{"policy":"fixed"}'                                # no PodDisruptionBudget selects it
+spod pinned-h1-a pinned "$onspot" '{"karpenter.sh/do-not-disrupt":"true"}'               # blocks consolidation
+spod tolerates-h1-a tolerates "$(jq -c '. + {nodeName: "gke-main-1"}' <<<"$tolerate")"   # toleration, no affinity
+spod wants-h1-a wants "$affinity"                                                          # affinity, no toleration (pending)
+spod good-h1-a good "$onspot" '{"stasis.dev/lineage":"spot_deploy_good.1"}' '{"pdb":"yes"}'
+spod plain-h1-a plain '{"runtimeClassName":null,"nodeName":"gke-spot-1"}'                 # not opted in: no advice
+kubectl -n spot apply -f - >/dev/null <<'EOF'
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: spot-apps}
+spec: {maxUnavailable: 1, selector: {matchLabels: {pdb: "yes"}}}
+---
+apiVersion: stasis.dev/v1alpha1
+kind: CheckpointPolicy
+metadata: {name: every-30s}
+spec: {selector: {matchLabels: {policy: fixed}}, interval: 30s}
+---
+apiVersion: stasis.dev/v1alpha1
+kind: CheckpointPolicy
+metadata: {name: auto}
+spec: {selector: {matchLabels: {app: good}}, interval: auto}
+EOF
+echo "# (advise) this script writes, as stasis's controller and agent would: the auto policy's status, a checkpoint's and a restore's"
+kubectl -n spot patch ckptpolicy auto --subresource=status --type=merge -p '{"status":{"autoIntervals":[{"pod":"good-h1-a","nodePool":"gpu/spot","intervalMillis":72480,"optimumMillis":72480,"costMillis":1500,"costMeasured":true,"mtbfSeconds":1800,"interruptions":3,"exposureSeconds":5400}]}}' >/dev/null
+GOOD_UID=$(kubectl -n spot get pod good-h1-a -o jsonpath='{.metadata.uid}')
+printf 'apiVersion: stasis.dev/v1alpha1\nkind: PodCheckpoint\nmetadata: {name: good-1}\nspec: {sourcePodName: good-h1-a, reason: Heartbeat}\n' | kubectl -n spot create -f - >/dev/null
+kubectl -n spot patch pckpt good-1 --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Succeeded\",\"sourcePodUID\":\"$GOOD_UID\",\"lineage\":\"spot_deploy_good.1\",\"startTime\":\"$(ts 40)\",\"freezeMillis\":300,\"uploadMillis\":1200,\"totalMillis\":1600,\"sizeBytes\":1048576}}" >/dev/null
+printf 'apiVersion: stasis.dev/v1alpha1\nkind: PodRestore\nmetadata: {name: good-r}\nspec: {checkpointRef: spot_deploy_good.1/0000000001, targetPodName: good-h1-a, lineage: spot_deploy_good.1}\n' | kubectl -n spot create -f - >/dev/null
+kubectl -n spot patch prestore good-r --subresource=status --type=merge -p '{"status":{"phase":"Restored","fetchMillis":1200,"restoreMillis":800}}' >/dev/null
+
+as admin advise -n spot -o json
+[ -z "${STASIS_ADVISE_SAMPLE:-}" ] || cp "$work/out" "$STASIS_ADVISE_SAMPLE.json"
+ok_if "advise -o json: exit 0 with findings (advice, not an error), the six opted-in workloads (plain is not)" \
+    bash -c "[ $rc = 0 ] && jq -e '[.workloads[].workload] == [\"deployment/good\",\"deployment/grace\",\"deployment/nopdb\",\"deployment/pinned\",\"deployment/tolerates\",\"deployment/wants\"] and .notes == [] and .scope == \"namespace spot\"' '$work/out'"
+ok_if "advise: each workload fails its own check and no other; the one set up right gets none" \
+    jqe '[.workloads[] | {(.workload): [.findings[].code]}] | add == {"deployment/good": [], "deployment/grace": ["GraceExceedsNotice"],
+         "deployment/nopdb": ["NoDisruptionBudget"], "deployment/pinned": ["DoNotDisruptBlocksConsolidation"],
+         "deployment/tolerates": ["TolerationWithoutAffinity"], "deployment/wants": ["AffinityWithoutToleration"]}'
+ok_if "advise: a finding says what, why and how to fix (the grace against GCP's 30 s notice)" \
+    jqe '.workloads[1].findings[0] | .severity == "warning" and (.what | contains("120 s")) and (.what | contains("gcp")) and (.fix | contains("at most 30"))'
+ok_if "advise: the spot node's pool and cloud; a taint every spot node carries is named in the fix" \
+    jqe '(.workloads[1] | .nodePool == "gpu/spot" and .spot and .provider == "gcp") and (.workloads[5].findings[0].fix | contains("cloud.google.com/gke-spot"))'
+ok_if "advise: each figure with its source (policy, policy status: its own pod's or its pool's, measured, default) and the goodput" \
+    jqe '(.workloads[0] | .intervalSeconds == {value: 72.48, source: "policyStatus", from: "policy auto (auto), its status for pod good-h1-a"}
+         and .evictionsPerHour.value == 2 and .evictionsPerHour.source == "policyStatus"
+         and .checkpointSeconds.value == 1.5 and .checkpointSeconds.source == "measured" and .freezeSeconds.value == 0.3
+         and .restoreSeconds == {value: 2, source: "measured", from: "its last restore (the PodRestore'"'"'s creation to restored)"}
+         and .coldStartSeconds.source == "default" and .goodput.lossPerEvictionS == 38.24 and .goodput.withStasis > 0 and .goodput.withoutStasis > 0)
+         and (.workloads[1] | .intervalSeconds.value == 30 and .intervalSeconds.source == "policy"
+              and .evictionsPerHour.source == "policyStatus" and (.evictionsPerHour.from | contains("pool gpu/spot")))
+         and (.workloads[4] | .nodePool == "main" and .evictionsPerHour.source == "default")'
+ok_if "advise -o json: the workload keys scripts read" \
+    jqe '.workloads[0] | keys == ["checkpointSeconds","coldStartSeconds","evictionsPerHour","findings","freezeSeconds","goodput","intervalSeconds",
+         "lostWorkWithoutSeconds","namespace","nodePool","pods","policy","provider","restoreSeconds","spot","workload"]'
+as admin advise -n spot
+cp "$work/out" "$work/advise.txt"
+ok_if "advise: a kubectl table, one row per workload, then the figures with their sources and the findings" bash -c \
+    "head -1 '$work/out' | grep -Eq '^WORKLOAD +PODS +POOL +CHECKS FAILED +INTERVAL +CHECKPOINT +LOSS/EVICTION +GOODPUT WITHOUT → WITH\$' &&
+     grep -Eq '^deployment/good +1 +gpu/spot +0 +72s +1.5s \(frozen 300ms\) +38s +[0-9.]+% → [0-9.]+%\$' '$work/out' &&
+     grep -Eq '^deployment/grace +1 +gpu/spot +1 +30s ' '$work/out' &&
+     grep -q '^  interval          72s       policy status: policy auto (auto)' '$work/out' &&
+     grep -q '^  Warning  GraceExceedsNotice: terminationGracePeriodSeconds is 120 s' '$work/out' && grep -q '^           fix: ' '$work/out'"
+as admin advise -n spot -o yaml
+ok_if "advise -o yaml: the same report" bash -c "[ $rc = 0 ] && grep -q '^scope: namespace spot' '$work/out' && grep -q 'code: GraceExceedsNotice' '$work/out'"
+kubectl -n spot create rolebinding viewer --clusterrole=stasis-checkpoint-viewer --user=dev >/dev/null
+kubectl -n spot create role reader --verb=get,list --resource=pods,poddisruptionbudgets >/dev/null
+kubectl -n spot create rolebinding reader --role=reader --user=dev >/dev/null
+as dev advise -n spot -o json
+ok_if "advise as a namespace user who may not list nodes: exit 0, the report says what it could not check" \
+    bash -c "[ $rc = 0 ] && jq -e '(.notes[0] | contains(\"nodes are not readable\")) and (.workloads[0].nodePool == \"gpu/spot\") and .workloads[1].provider == null
+             and (.workloads[1].findings | map(.code) | index(\"GraceExceedsNotice\") == null)' '$work/out'"
+as nobody advise -n spot
+ok_if "advise without the right to list pods: exit 1, the API server's refusal" \
+    bash -c "[ $rc = 1 ] && grep -qF 'listing pods: forbidden' '$work/err'"
+[ -z "${STASIS_ADVISE_SAMPLE:-}" ] || cp "$work/advise.txt" "$STASIS_ADVISE_SAMPLE"
+
 if [ "$failures" -gt 0 ]; then
     echo "apiserver-kubectl: $failures check(s) failed" >&2
     exit 1
