@@ -324,6 +324,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             runtime_class: a.runtime_class.clone(),
             in_flight_timeout: Duration::from_secs(a.checkpoint_timeout_seconds),
             phantom_after: Duration::from_secs(a.phantom_after_seconds),
+            final_wait: Duration::from_secs(a.final_wait_seconds),
             sweep_every: Duration::from_secs(15),
             collect_records_after: Duration::from_secs(a.collect_records_after_seconds),
             max_records_per_namespace: a.max_records_per_namespace,

@@ -14,6 +14,7 @@
 
 pub mod app;
 pub mod broker;
+pub mod claim;
 pub mod cluster_key;
 pub mod holder;
 pub mod leader;

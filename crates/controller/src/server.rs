@@ -80,10 +80,7 @@ async fn restore_status(client: &kube::Client, ns: &str, pod: &str, uid: &str) -
         Err(e) => return unavailable(e),
     };
     // A PodRestore without a target UID (made before they had one) is the pod's.
-    if let Some(r) = restore
-        .as_ref()
-        .filter(|r| r.spec.target_pod_uid.is_none())
-    {
+    if let Some(r) = restore.as_ref().filter(|r| r.spec.target_pod_uid.is_none()) {
         return phase(r);
     }
     // The controller creates the PodRestore before it marks the decision reported: a reported
@@ -127,9 +124,7 @@ pub async fn serve_metrics(
                 return r;
             }
             match (req.method(), restore_path(&path)) {
-                (&Method::GET, Some((ns, pod, uid))) => {
-                    restore_status(&client, ns, pod, uid).await
-                }
+                (&Method::GET, Some((ns, pod, uid))) => restore_status(&client, ns, pod, uid).await,
                 // Without the UID (a wait container of an older release), the same answer as
                 // for an unknown pod: that container waits out its timeout, then the pod starts
                 // (restored if the node's agent has the restore ready, cold otherwise).
@@ -423,12 +418,8 @@ mod tests {
         const PR: &str = "/apis/stasis.dev/v1alpha1/namespaces/prod/podrestores/web-1";
         const POD: &str = "/api/v1/namespaces/prod/pods/web-1";
         let ask = |routes: Vec<(&str, serde_json::Value)>, uid: &'static str| {
-            let (client, _) = api_server(
-                routes
-                    .into_iter()
-                    .map(|(p, v)| (p.to_owned(), v))
-                    .collect(),
-            );
+            let (client, _) =
+                api_server(routes.into_iter().map(|(p, v)| (p.to_owned(), v)).collect());
             async move { answer(restore_status(&client, "prod", "web-1", uid).await).await }
         };
         let unknown = ask(vec![], "uid-web-1").await;

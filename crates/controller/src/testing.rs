@@ -150,6 +150,7 @@ impl Caches {
                 runtime_class: "stasis".into(),
                 in_flight_timeout: Duration::from_secs(900),
                 phantom_after: Duration::from_secs(120),
+                final_wait: Duration::from_secs(20),
                 sweep_every: Duration::from_secs(15),
                 collect_records_after: Duration::from_secs(600),
                 max_records_per_namespace: 1000,
@@ -218,11 +219,139 @@ pub fn writes(seen: &Seen) -> Vec<(String, String, serde_json::Value)> {
 /// path with that failure. A `PATCH` that is not a forced server-side apply by the field manager
 /// `stasis-controller` is refused with 415: every controller write must be one.
 pub fn api_server(gets: Vec<(String, serde_json::Value)>) -> (Client, Seen) {
+    let (client, seen, _) = serve(gets, None);
+    (client, seen)
+}
+
+/// The lineage record ConfigMaps of [`api_server_with_records`], by name.
+pub type RecordStore = Arc<Mutex<std::collections::BTreeMap<String, serde_json::Value>>>;
+
+/// [`api_server`], with the lineage record ConfigMaps of namespace `stasis` kept as a real API
+/// server keeps them: listed (every record, whatever the label selector), read, created (409 when
+/// the name exists), replaced only at their current resourceVersion (409 otherwise; each write a
+/// new version) and deleted. Seeded with `records`.
+pub fn api_server_with_records(
+    gets: Vec<(String, serde_json::Value)>,
+    records: &[Record],
+) -> (Client, Seen, RecordStore) {
+    let store: RecordStore = Arc::default();
+    for r in records {
+        let mut cm = serde_json::to_value(r.to_config_map().unwrap()).unwrap();
+        if cm["metadata"]["resourceVersion"].is_null() {
+            cm["metadata"]["resourceVersion"] = json!("1");
+        }
+        store.lock().unwrap().insert(r.name(), cm);
+    }
+    let (client, seen) = api_server_over(gets, &store);
+    (client, seen, store)
+}
+
+/// Another stand-in API server over the same records (other answers to `GET`s).
+pub fn api_server_over(
+    gets: Vec<(String, serde_json::Value)>,
+    store: &RecordStore,
+) -> (Client, Seen) {
+    let (client, seen, _) = serve(gets, Some(store.clone()));
+    (client, seen)
+}
+
+/// The records a [`RecordStore`] holds now.
+pub fn stored_records(store: &RecordStore) -> Vec<Record> {
+    store
+        .lock()
+        .unwrap()
+        .values()
+        .map(|cm| Record::from_config_map(&serde_json::from_value(cm.clone()).unwrap()).unwrap())
+        .collect()
+}
+
+const RECORDS_PATH: &str = "/api/v1/namespaces/stasis/configmaps";
+
+/// A request on the records of a [`RecordStore`]: (status, body).
+fn on_records(
+    store: &RecordStore,
+    method: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut cms = store.lock().unwrap();
+    let conflict = |name: &str| {
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "reason": "Conflict", "message": format!("configmap {name} changed"), "code": 409})
+    };
+    let name = path
+        .strip_prefix(RECORDS_PATH)
+        .unwrap_or_default()
+        .trim_start_matches('/');
+    let next = |cms: &std::collections::BTreeMap<String, serde_json::Value>| {
+        let max = cms
+            .values()
+            .filter_map(|c| {
+                c["metadata"]["resourceVersion"]
+                    .as_str()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max()
+            .unwrap_or(100);
+        json!((max + 1).to_string())
+    };
+    match (method, name) {
+        ("GET", "") => (200, list("ConfigMapList", cms.values().cloned().collect())),
+        ("GET", n) => match cms.get(n) {
+            Some(cm) => (200, cm.clone()),
+            None => (
+                404,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404}),
+            ),
+        },
+        ("POST", "") => {
+            let n = body["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if cms.contains_key(&n) {
+                return (409, conflict(&n));
+            }
+            let mut cm = body;
+            cm["metadata"]["resourceVersion"] = next(&cms);
+            cms.insert(n, cm.clone());
+            (200, cm)
+        }
+        ("PUT", n) => {
+            let current = cms.get(n).map(|c| c["metadata"]["resourceVersion"].clone());
+            if current.is_none() || current.as_ref() != Some(&body["metadata"]["resourceVersion"]) {
+                return (409, conflict(n));
+            }
+            let mut cm = body;
+            cm["metadata"]["resourceVersion"] = next(&cms);
+            cms.insert(n.to_owned(), cm.clone());
+            (200, cm)
+        }
+        ("DELETE", n) => {
+            cms.remove(n);
+            (
+                200,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+            )
+        }
+        _ => (
+            405,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "code": 405}),
+        ),
+    }
+}
+
+fn serve(
+    gets: Vec<(String, serde_json::Value)>,
+    records: Option<RecordStore>,
+) -> (Client, Seen, Option<RecordStore>) {
     let seen: Seen = Arc::default();
     let log = seen.clone();
     let gets = Arc::new(gets);
+    let store = records.clone();
     let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (log, gets) = (log.clone(), gets.clone());
+        let (log, gets, store) = (log.clone(), gets.clone(), store.clone());
         async move {
             let (parts, body) = req.into_parts();
             let bytes = http_body_util::BodyExt::collect(body)
@@ -245,6 +374,9 @@ pub fn api_server(gets: Vec<(String, serde_json::Value)>) -> (Client, Seen) {
                 && query.contains("fieldManager=stasis-controller")
                 && query.contains("force=true");
             let (status, out) = match method.as_str() {
+                _ if store.is_some() && path.starts_with(RECORDS_PATH) => {
+                    on_records(store.as_ref().unwrap(), &method, &path, v)
+                }
                 _ if failure.is_some() => {
                     let v = failure.unwrap().1.clone();
                     (v["code"].as_u64().unwrap() as u16, v)
@@ -299,7 +431,7 @@ pub fn api_server(gets: Vec<(String, serde_json::Value)>) -> (Client, Seen) {
             )
         }
     });
-    (Client::new(svc, "default"), seen)
+    (Client::new(svc, "default"), seen, records)
 }
 
 /// The holder of the stand-in records: pod `p` (UID `uid-1`) registered by the controller.

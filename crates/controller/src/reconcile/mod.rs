@@ -70,6 +70,9 @@ pub struct ControllerConfig {
     pub in_flight_timeout: Duration,
     /// A claim whose pod never appeared is released after this long.
     pub phantom_after: Duration,
+    /// How long after a pod's creation the commit of its claim waits for a source's in-flight
+    /// final checkpoint (`--final-wait-seconds`, as at admission).
+    pub final_wait: Duration,
     /// How often the lineage records are swept.
     pub sweep_every: Duration,
     /// An orphaned lineage without checkpoints whose pod is gone is deleted this long after it

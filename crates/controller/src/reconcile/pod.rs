@@ -2,6 +2,8 @@
 //! orphaned when it stops, and its heartbeat checkpoints; a pod without a lineage starts one.
 
 use super::*;
+use crate::claim::{claim_and_decide, restore_inputs, Claimed, Mode, Prediction, Stores};
+use stasis_core::decision::{Decision, Requester};
 
 pub(super) fn pod_uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
@@ -34,24 +36,12 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     }
 
     // The pod's lineage record: the one of its namespace that names its UID as holder, else the
-    // one its claim token holds, which it then registers as the first pod seen with the token.
+    // one its claim token holds (a claim an older webhook wrote, which the pod registers as the
+    // first pod seen with the token), else the claim the webhook predicted, committed now.
     let mut record = ctx.record_of_holder(&ns, &uid);
+    let mut reported = pod.annotations().contains_key(names::DECISION_REPORTED);
     if let (None, Some(t)) = (&record, token.as_deref()) {
-        let mut found = ctx.record_with_token(&ns, t);
-        if found.is_none() {
-            // The record cache may lag behind the webhook's write (two watch streams): ask the
-            // API server for the record the pod's lineage annotation names (only stasis sets
-            // it: the webhook strips it from what users send, the admission policy refuses it)
-            // before concluding the pod holds nothing. The token must still match below.
-            if let Some(lineage) = pod.annotations().get(names::LINEAGE) {
-                found = ctx
-                    .records
-                    .get(lineage)
-                    .await?
-                    .filter(|r| r.namespace == ns && r.lineage.holder.as_deref() == Some(t));
-            }
-        }
-        match found {
+        match ctx.record_with_token(&ns, t) {
             Some(r) if r.held_by(&ns, &uid) => record = Some(r),
             Some(mut r) if r.registrable_by(&ns, t) => {
                 // Registration is a write at the version read: of two pods carrying the token,
@@ -67,9 +57,17 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                 record = Some(ctx.records.save(&r).await?);
             }
             Some(r) if r.holder_uid().is_some() => return impostor(&pod, &r, &ctx).await,
-            // A released claim (its pod appeared too late): the pod holds nothing; below it
-            // starts its own lineage like a pod the webhook never saw.
-            _ => {}
+            _ => match commit(&pod, t, policy.as_ref(), &ctx).await? {
+                Committed::Record(r, now_reported) => {
+                    record = Some(*r);
+                    reported |= now_reported;
+                }
+                Committed::Wait => return Ok(Action::requeue(Duration::from_millis(500))),
+                Committed::Impostor(r) => return impostor(&pod, &r, &ctx).await,
+                // Nothing to commit: below, a running pod starts its own lineage like a pod
+                // the webhook never saw.
+                Committed::Nothing => {}
+            },
         }
     }
 
@@ -80,9 +78,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
         .as_ref()
         .and_then(|r| r.holder.as_ref())
         .is_some_and(|h| h.restore.is_some());
-    if (annotations.contains_key(names::DECISION) || restore_decided)
-        && !annotations.contains_key(names::DECISION_REPORTED)
-    {
+    if (annotations.contains_key(names::DECISION) || restore_decided) && !reported {
         report_decision(&pod, record.as_ref(), &ctx).await?;
     }
 
@@ -180,6 +176,142 @@ pub(super) async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Act
     let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
     apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch["metadata"].clone()).await?;
     Ok(Action::await_change())
+}
+
+/// What committing a pod's predicted claim came to.
+pub(super) enum Committed {
+    /// The record the pod holds, and whether the decision was reported on the way (a restore
+    /// the commit did not confirm).
+    Record(Box<Record>, bool),
+    /// A source's final checkpoint is in flight: ask again shortly.
+    Wait,
+    /// The pod's claim token is another pod's.
+    Impostor(Box<Record>),
+    /// Nothing to commit: the pod is stopping or ended, no policy selects it any more, or its
+    /// owners cannot be verified.
+    Nothing,
+}
+
+/// Commits the claim the webhook predicted for `pod` (claim token `token`): the same claim and
+/// decision as at admission ([`crate::claim`]), now against the real pod and stored with the
+/// pod registered as holder (docs/design.md §13.3). What to claim comes from the records and
+/// the pod's verified owners; the pod's keys only narrow it (the lineage announced, a restore
+/// only when the pod was prepared for one). A pod that was prepared for a restore and does not
+/// get it is told why (a Warning Event) and its decision is marked reported, so its wait
+/// container stops waiting.
+pub(super) async fn commit(
+    pod: &Pod,
+    token: &str,
+    policy: Option<&CheckpointPolicy>,
+    ctx: &Context,
+) -> Result<Committed> {
+    let ns = pod.namespace().unwrap_or_default();
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let Some(policy) = policy else {
+        return Ok(Committed::Nothing);
+    };
+    if pod.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Failed" | "Succeeded")) {
+        return Ok(Committed::Nothing);
+    }
+    let workload = match crate::webhook::verified_identity(&ctx.client, &ns, pod).await? {
+        Ok(identity) => identity.key(),
+        Err((_, reason)) => {
+            tracing::warn!(pod = %pod.name_any(), namespace = %ns, %reason, "claim not committed: the pod's owners could not be verified");
+            return Ok(Committed::Nothing);
+        }
+    };
+    let prediction = Prediction::of(pod);
+    // The webhook decided a restore only for a requester allowed to restore (and a pod's keys
+    // are only stasis's to write); a predicted cold start stays one whatever is decided here.
+    let mut inputs = restore_inputs(pod, Some(policy), Requester::WorkloadController)?;
+    let created = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(now_ms, time_ms);
+    let mode = Mode::Commit {
+        uid: pod_uid(pod),
+        pod_name: pod.name_any(),
+        prediction: prediction.clone(),
+        wait_until_ms: created + ctx.cfg.final_wait.as_millis() as u64,
+    };
+    let stores = Stores {
+        client: &ctx.client,
+        records: &ctx.records,
+        phantom_after: ctx.cfg.phantom_after,
+    };
+    let outcome = match claim_and_decide(
+        &stores,
+        &ns,
+        pod,
+        &workload,
+        token,
+        policy,
+        &mut inputs,
+        &mode,
+    )
+    .await
+    {
+        Ok(Claimed::Decided(o)) => o,
+        Ok(Claimed::Wait) => return Ok(Committed::Wait),
+        Ok(Claimed::Impostor(r)) => return Ok(Committed::Impostor(r)),
+        Err(Error::RecordCap { namespace, cap }) => {
+            // The start-lineage path below reports it on the pod.
+            tracing::warn!(pod = %pod.name_any(), %namespace, cap, "claim not committed: the namespace has the most lineage records allowed");
+            return Ok(Committed::Nothing);
+        }
+        Err(e) => return Err(e),
+    };
+    let record = outcome
+        .record
+        .clone()
+        .ok_or(Error::Invariant("a committed claim without its record"))?;
+    let a = pod.annotations();
+    let mut keys = serde_json::Map::new();
+    if a.get(names::LINEAGE).map(String::as_str) != Some(record.lineage.id.as_str()) {
+        keys.insert(names::LINEAGE.into(), json!(record.lineage.id.as_str()));
+    }
+    if a.get(names::GENERATION) != Some(&record.lineage.generation.to_string()) {
+        keys.insert(
+            names::GENERATION.into(),
+            json!(record.lineage.generation.to_string()),
+        );
+    }
+    let restoring = record.holder.as_ref().is_some_and(|h| h.restore.is_some());
+    if prediction.restore && !restoring && !a.contains_key(names::DECISION_REPORTED) {
+        // Prepared for a restore that the commit does not confirm: say why, and let the wait
+        // container go (the controller reports the decision handled without a PodRestore).
+        let why = match (&outcome.displaced, &outcome.decision) {
+            (Some(d), _) => format!("{d}: this pod starts cold with a new lineage of its own"),
+            (None, Decision::ColdStart { reason }) => format!(
+                "the restore decided at admission no longer holds: {reason}; this pod starts cold"
+            ),
+            (None, Decision::Restore { .. }) => {
+                "the restore decided at admission was not confirmed: this pod starts cold".into()
+            }
+        };
+        tracing::warn!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, %why, "restore not committed");
+        ctx.metrics.admitted("ColdStart", "NotCommitted");
+        ctx.event(
+            &pod.object_ref(&()),
+            EventType::Warning,
+            reason::COLD_START,
+            why.clone(),
+        )
+        .await;
+        keys.insert(names::DECISION.into(), json!("ColdStart"));
+        keys.insert(names::DECISION_REASON.into(), json!(why));
+        keys.insert(names::DECISION_REPORTED.into(), json!("true"));
+    }
+    if !keys.is_empty() {
+        let patch = json!({ "annotations": keys.clone() });
+        apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch).await?;
+    }
+    tracing::info!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, generation = record.lineage.generation, restore = restoring, "claim committed");
+    Ok(Committed::Record(
+        Box::new(record),
+        keys.contains_key(names::DECISION_REPORTED),
+    ))
 }
 
 /// A new lineage for a running pod without one; the pod is labelled and annotated with it.

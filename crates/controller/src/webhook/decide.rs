@@ -51,21 +51,7 @@ pub(crate) async fn mutate(
         .await?;
     let labels = pod.labels().clone();
     let policy = policy_for(&policies.items, &ns, &labels).cloned();
-    let pod_hash = podfacts::spec_hash(&pod).ok_or(Error::PodWithoutSpec)?;
-    let mut inputs = RestoreInputs {
-        requester: requester.clone(),
-        policy_restore_on_crash: policy.as_ref().map(|p| p.spec.restore_on_crash),
-        cold_start_annotation: podfacts::cold_start_annotation(&pod),
-        unsafe_volumes: unsafe_volumes(
-            &podfacts::volume_facts(&pod),
-            policy.as_ref().map_or(&[][..], |p| &p.spec.safe_volumes),
-        ),
-        last_exit: LastExit::Unknown,
-        claim: None,
-        pod_spec_hash: pod_hash,
-        checkpoint_spec_hash: None,
-        mismatches: Vec::new(),
-    };
+    let mut inputs = restore_inputs(&pod, policy.as_ref(), requester.clone())?;
     let permitted = match &requester {
         Requester::WorkloadController => true,
         Requester::Direct { may_restore, .. } => *may_restore,
@@ -79,17 +65,33 @@ pub(crate) async fn mutate(
         return Ok(Some(patch(original, &m)));
     };
     let token = new_token();
-    let outcome = claim_and_decide(
-        hook,
+    // A prediction: nothing is written (the request is not authenticated); the controller
+    // commits it against the real pod.
+    let stores = Stores {
+        client: &hook.client,
+        records: &hook.records,
+        phantom_after: hook.cfg.phantom_after,
+    };
+    let mode = Mode::Predict { final_wait };
+    let outcome = match claim_and_decide(
+        &stores,
         &ns,
         &pod,
         &workload,
         &token,
         &policy,
         &mut inputs,
-        final_wait,
+        &mode,
     )
-    .await?;
+    .await?
+    {
+        Claimed::Decided(o) => *o,
+        Claimed::Wait | Claimed::Impostor(_) => {
+            return Err(Error::Invariant(
+                "a prediction that neither waits nor commits",
+            ))
+        }
+    };
     m.labels.insert(names::CLAIM_TOKEN.into(), token.clone());
     m.annotations.insert(names::CLAIM_TOKEN.into(), token);
     m.annotations

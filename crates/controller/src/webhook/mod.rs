@@ -6,23 +6,22 @@
 //! `stasis.dev/` labels and annotations only stasis may write are removed from the pod
 //! ([`patch::is_reserved`]).
 //!
-//! The request itself is not authenticated (docs/design.md §13.3): so that a forged request
-//! cannot make the webhook write anything for a workload that does not exist, the pod's
-//! controlling owner is read from the API server and must have the UIDs the owner references
-//! name ([`verified_identity`]) before any lineage is claimed or started.
+//! The request itself is not authenticated (docs/design.md §13.3), so the webhook writes
+//! nothing: it claims and decides in memory ([`crate::claim`], `Mode::Predict`) and its answer
+//! is a prediction, which the controller commits against the real pod once it exists. The
+//! pod's owners are read from the API server and must have the UIDs the owner references name
+//! ([`verified_identity`]), or the answer names no lineage.
 
-mod claim;
 mod decide;
 mod identity;
 pub mod patch;
 mod placement;
 mod requester;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::authorization::v1::{
@@ -35,25 +34,21 @@ use kube::api::{Api, ApiResource, ListParams, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::{Client, ResourceExt};
-use stasis_api::lineage::declared_mismatches;
 use stasis_api::names;
-use stasis_api::{pod as podfacts, CheckpointPolicy, PodCheckpoint};
-use stasis_core::decision::{decide, Decision, LastExit, Requester, RestoreInputs};
-use stasis_core::lineage::{claim, claim_wait, Lineage, RestoreChoice};
-use stasis_core::podspec::{unsafe_volumes, SpecHash};
-use stasis_core::reference::WorkloadName;
+use stasis_api::{pod as podfacts, CheckpointPolicy};
+use stasis_core::decision::{decide, Decision, Requester};
 use stasis_core::workload::{check_owner, OwnerFacts, ReplicaSetOwner, WorkloadIdentity};
 
-use crate::holder::holder_state;
+use crate::claim::{claim_and_decide, restore_inputs, Claimed, Mode, Stores};
 use crate::metrics::Metrics;
-use crate::record::{refresh, Holder, Record, Records};
+use crate::record::Records;
 use crate::schedule::policy_for;
-use crate::{now_ms, Error, Result};
+use crate::{Error, Result};
 use patch::{patch, Mutation, RestoreMutation, WaitConfig};
 
 pub use identity::verified_identity;
 #[allow(unused_imports)]
-use {claim::*, decide::*, identity::*, placement::*, requester::*};
+use {decide::*, identity::*, placement::*, requester::*};
 
 /// Settings of the webhook.
 #[derive(Debug, Clone)]
