@@ -1,6 +1,7 @@
 //! The `stasis` command line. `main.rs` only calls [`main`]; arguments are in [`args`], one
 //! module per command in [`commands`].
 
+pub mod advise;
 pub mod args;
 pub mod commands;
 pub mod output;
@@ -15,6 +16,10 @@ use clap::Parser;
 /// Parses arguments, sets up logging, runs the command, and turns errors into a message and an
 /// exit code.
 pub fn main() -> ExitCode {
+    // `stasis advise` is the kubectl plugin's: handed over before anything else.
+    if let Some(code) = advise::forward_if_asked(std::env::args_os()) {
+        return code;
+    }
     // Before any thread exists (it changes the environment); logged once tracing is up.
     let env_changes = stasis_engine::cuda::prepare_process_env();
     signals::install();
