@@ -87,6 +87,9 @@ pub struct Outcome {
     /// Commit: why the pod did not get the lineage the webhook announced (another pod committed
     /// it first), in words for an Event.
     pub displaced: Option<String>,
+    /// Commit: the claim was committed by an earlier reconcile (its record names the pod);
+    /// nothing was decided or written now.
+    pub earlier: bool,
 }
 
 /// What a claim came to.
@@ -275,6 +278,7 @@ pub async fn claim_and_decide(
             checkpoint_node,
             record: None,
             displaced,
+            earlier: false,
         };
         let Mode::Commit {
             uid,
@@ -375,5 +379,6 @@ fn committed(r: &Record) -> Outcome {
         checkpoint_node: None,
         record: Some(r.clone()),
         displaced: None,
+        earlier: true,
     }
 }

@@ -245,8 +245,10 @@ async fn of_two_pods_predicted_the_same_lineage_one_restores_and_the_other_start
         "/api/v1/namespaces/prod/pods".into(),
         list("PodList", vec![serde_json::to_value(&a).unwrap()]),
     ));
-    let (client, seen) = api_server_over(with_a, &store);
-    reconcile_pod(Arc::new(b), context(client)).await.unwrap();
+    let (client, seen) = api_server_over(with_a.clone(), &store);
+    reconcile_pod(Arc::new(b.clone()), context(client))
+        .await
+        .unwrap();
     let records = stored_records(&store);
     assert_eq!(records.len(), 2, "{records:#?}");
     let of = |uid: &str| {
@@ -285,6 +287,28 @@ async fn of_two_pods_predicted_the_same_lineage_one_restores_and_the_other_start
     assert_eq!(ann[names::DECISION_REPORTED], "true");
     assert_eq!(ann[names::DECISION], "ColdStart");
     assert_eq!(ann[names::LINEAGE], rb.lineage.id.as_str());
+    // Reconciled again before the caches caught up (the same old pod, no record cached): the
+    // commit finds its own record and neither writes nor tells again.
+    let mut told = b.clone();
+    told.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(names::DECISION_REPORTED.into(), "true".into());
+    with_a.push((
+        "/api/v1/namespaces/prod/pods/web-6d4f9-b".into(),
+        serde_json::to_value(&told).unwrap(),
+    ));
+    let (client, seen) = api_server_over(with_a, &store);
+    let before = store.lock().unwrap().clone();
+    reconcile_pod(Arc::new(b), context(client)).await.unwrap();
+    assert_eq!(*store.lock().unwrap(), before);
+    let w = writes(&seen);
+    assert!(
+        !w.iter()
+            .any(|(m, p, _)| p.ends_with("/events") || m == "PUT"),
+        "{w:#?}"
+    );
 }
 
 /// A pod prepared for a restore whose checkpoint is no longer restorable when the controller

@@ -278,17 +278,31 @@ pub(super) async fn commit(
         );
     }
     let restoring = record.holder.as_ref().is_some_and(|h| h.restore.is_some());
-    if prediction.restore && !restoring && !a.contains_key(names::DECISION_REPORTED) {
+    let mut untold = prediction.restore && !restoring && !a.contains_key(names::DECISION_REPORTED);
+    if untold && outcome.earlier {
+        // Committed by an earlier reconcile, which told the pod unless it failed after the
+        // write: the pod as the API server has it now says which (this one may be older).
+        let live = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&pod.name_any())
+            .await?;
+        untold = live.is_some_and(|p| !p.annotations().contains_key(names::DECISION_REPORTED));
+    }
+    if untold {
         // Prepared for a restore that the commit does not confirm: say why, and let the wait
         // container go (the controller reports the decision handled without a PodRestore).
-        let why = match (&outcome.displaced, &outcome.decision) {
-            (Some(d), _) => format!("{d}: this pod starts cold with a new lineage of its own"),
-            (None, Decision::ColdStart { reason }) => format!(
+        let taken = prediction
+            .lineage
+            .as_deref()
+            .filter(|l| *l != record.lineage.id.as_str());
+        let why = match (&outcome.displaced, taken, &outcome.decision) {
+            (Some(d), _, _) => format!("{d}: this pod starts cold with a new lineage of its own"),
+            (None, Some(l), _) => format!(
+                "lineage {l}, which this pod was admitted to continue, was taken by another pod first: this pod starts cold with a new lineage of its own"
+            ),
+            (None, None, Decision::ColdStart { reason }) if !outcome.earlier => format!(
                 "the restore decided at admission no longer holds: {reason}; this pod starts cold"
             ),
-            (None, Decision::Restore { .. }) => {
-                "the restore decided at admission was not confirmed: this pod starts cold".into()
-            }
+            _ => "the restore decided at admission no longer holds: this pod starts cold".into(),
         };
         tracing::warn!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, %why, "restore not committed");
         ctx.metrics.admitted("ColdStart", "NotCommitted");
@@ -308,9 +322,10 @@ pub(super) async fn commit(
         apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch).await?;
     }
     tracing::info!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, generation = record.lineage.generation, restore = restoring, "claim committed");
+    // Such a pod's decision is reported, now or before: nothing more to report for it.
     Ok(Committed::Record(
         Box::new(record),
-        keys.contains_key(names::DECISION_REPORTED),
+        prediction.restore && !restoring,
     ))
 }
 
