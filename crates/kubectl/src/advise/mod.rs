@@ -7,6 +7,7 @@
 //! here, or assumed.
 
 mod facts;
+mod figures;
 mod render;
 #[cfg(test)]
 mod tests;
@@ -21,9 +22,10 @@ use serde::Serialize;
 use stasis_api::policy::AutoIntervalStatus;
 use stasis_api::{CheckpointPolicy, PodCheckpoint, PodRestore};
 use stasis_core::advise::{self, CostFacts, Finding, Goodput, PoolFacts};
-use stasis_core::interval::{self, NodePool};
+use stasis_core::interval::NodePool;
 use stasis_core::workload::WorkloadKind;
 
+pub use figures::Figure;
 pub use render::render;
 
 /// Everything `advise` reads, listed once.
@@ -82,72 +84,6 @@ pub struct WorkloadAdvice {
     pub findings: Vec<Finding>,
 }
 
-/// A number and where it came from.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Figure {
-    pub value: f64,
-    pub source: Source,
-    /// Which object, or which assumption.
-    pub from: String,
-}
-
-/// Where a figure came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Source {
-    /// Recorded by stasis on this workload's checkpoints, restores or pods.
-    Measured,
-    /// A CheckpointPolicy's spec.
-    Policy,
-    /// A CheckpointPolicy's status (`interval: auto`: the controller's choice and inputs).
-    PolicyStatus,
-    /// Computed here from the other figures, as the controller would.
-    Estimated,
-    /// Assumed: nothing was recorded.
-    Default,
-}
-
-impl Source {
-    pub fn name(self) -> &'static str {
-        match self {
-            Source::Measured => "measured",
-            Source::Policy => "policy",
-            Source::PolicyStatus => "policy status",
-            Source::Estimated => "estimated",
-            Source::Default => "default",
-        }
-    }
-}
-
-fn fig(value: f64, source: Source, from: impl Into<String>) -> Figure {
-    Figure {
-        value,
-        source,
-        from: from.into(),
-    }
-}
-
-fn secs(ms: u64) -> f64 {
-    ms as f64 / 1000.0
-}
-
-/// `freeze of its last succeeded checkpoint`, `mean freeze of its last 3 succeeded checkpoints`.
-fn of_checkpoints(what: &str, n: usize) -> String {
-    match n {
-        1 => format!("{what} of its last succeeded checkpoint"),
-        n => format!("mean {what} of its last {n} succeeded checkpoints"),
-    }
-}
-
-fn mean(v: &[u64]) -> Option<u64> {
-    (!v.is_empty()).then(|| v.iter().sum::<u64>() / v.len() as u64)
-}
-
-/// The last [`interval::COST_SAMPLES`] of `v` (oldest first).
-fn recent<T>(v: &[T]) -> &[T] {
-    &v[v.len().saturating_sub(interval::COST_SAMPLES)..]
-}
-
 /// How kubectl names a workload: `deployment/web`; a pod whose owner cannot be told: `pod/x`.
 fn workload_name(pod: &Pod) -> (String, bool) {
     let Ok(id) = stasis_api::pod::workload_identity(pod) else {
@@ -177,7 +113,14 @@ pub fn report(f: &Facts) -> Report {
         }
     };
     let mut groups: BTreeMap<(String, String), (bool, Vec<&Pod>)> = BTreeMap::new();
-    for p in &f.pods {
+    // a pod that ended (a Job's finished one) is not evicted any more
+    let ended = |p: &Pod| {
+        matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+    };
+    for p in f.pods.iter().filter(|p| !ended(p)) {
         let (name, job) = workload_name(p);
         let g = groups
             .entry((p.namespace().unwrap_or_default(), name))
@@ -246,178 +189,43 @@ fn workload(
         statuses.iter().find(|(_, a)| a.node_pool == key)
     });
 
-    // the cost of a checkpoint, from this workload's checkpoints
-    let mine = facts::checkpoints_of(&f.checkpoints, pods);
-    let measured = facts::measured(&mine);
-    let samples = recent(&measured);
-    let (checkpoint_seconds, freeze_seconds) = match interval::checkpoint_cost(&measured) {
-        Some(cost) => {
-            let freeze = mean(&samples.iter().map(|m| m.freeze_ms).collect::<Vec<_>>());
-            (
-                fig(
-                    cost.as_secs_f64(),
-                    Source::Measured,
-                    of_checkpoints("freeze + upload", samples.len()),
-                ),
-                fig(
-                    secs(freeze.unwrap_or(0)),
-                    Source::Measured,
-                    of_checkpoints("freeze", samples.len()),
-                ),
-            )
-        }
-        None => (
-            fig(
-                interval::DEFAULT_COST.as_secs_f64(),
-                Source::Default,
-                "no succeeded checkpoint of it yet (interval: auto assumes the same)",
-            ),
-            fig(
-                advise::DEFAULT_FREEZE.as_secs_f64(),
-                Source::Default,
-                "no succeeded checkpoint of it yet",
-            ),
-        ),
-    };
-    let restores = facts::restore_ms(&f.restores, pods);
-    let restore_seconds = match mean(recent(&restores)) {
-        Some(ms) => fig(
-            secs(ms),
-            Source::Measured,
-            match recent(&restores).len() {
-                1 => "its last restore (the PodRestore's creation to restored)".to_owned(),
-                n => format!(
-                    "mean of its last {n} restores (each PodRestore's creation to restored)"
-                ),
-            },
-        ),
-        None => fig(
-            advise::DEFAULT_RESTORE.as_secs_f64(),
-            Source::Default,
-            "no restore of it recorded",
-        ),
-    };
-    let colds = facts::cold_start_ms(pods);
-    let cold_start_seconds = match mean(&colds.iter().map(|(_, ms)| *ms).collect::<Vec<_>>()) {
-        Some(ms) => fig(
-            secs(ms),
-            Source::Measured,
-            format!(
-                "creation to Ready of its cold-started pods ({})",
-                colds
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ),
-        None => fig(
-            advise::DEFAULT_COLD_START.as_secs_f64(),
-            Source::Default,
-            "no cold start of it seen",
-        ),
-    };
-    let lost_work_without_seconds = if job {
-        let started = first
-            .status
-            .as_ref()
-            .and_then(|s| s.start_time.as_ref())
-            .map(crate::view::ms);
-        let age = started.map_or(0, |s| u64::try_from(f.now_ms - s).unwrap_or(0));
-        fig(
-            secs(age),
-            Source::Measured,
-            format!(
-                "a Job: the work of pod {} since its start",
-                first.name_any()
-            ),
-        )
-    } else {
-        fig(
-            0.0,
-            Source::Default,
-            "a server: nothing beyond the cold start",
-        )
-    };
-
-    // the eviction rate of its pool
-    let evictions_per_hour = match pool_status {
-        Some((p, a)) if a.mtbf_seconds > 0 => fig(
-            3600.0 / a.mtbf_seconds as f64,
-            Source::PolicyStatus,
-            format!(
-                "policy {}'s status: pool {}, MTBF {} s, {} interruptions seen",
-                p.name_any(),
-                a.node_pool,
-                a.mtbf_seconds,
-                a.interruptions
-            ),
-        ),
-        _ => {
-            let p = pool.clone().unwrap_or(NodePool {
-                name: "default".into(),
-                spot,
-            });
-            fig(
-                3600.0 / interval::prior_mtbf(&p).as_secs_f64(),
-                Source::Default,
-                format!(
-                    "no policy status for pool {}: the controller's prior (one a day on demand, four a day on spot)",
-                    p.key()
-                ),
-            )
-        }
-    };
-
-    let interval_seconds = policy.and_then(|p| match p.spec.interval() {
-        Ok(stasis_core::policy::Interval::Fixed(d)) => Some(fig(
-            d.as_secs_f64(),
-            Source::Policy,
-            format!("policy {}", p.name_any()),
-        )),
-        Ok(stasis_core::policy::Interval::Auto) => Some(match own_status {
-            Some((sp, a)) if sp.name_any() == p.name_any() => fig(
-                a.interval_millis as f64 / 1000.0,
-                Source::PolicyStatus,
-                format!("policy {} (auto), its status for pod {}", p.name_any(), a.pod),
-            ),
-            _ => {
-                let mtbf = Duration::from_secs_f64(3600.0 / evictions_per_hour.value.max(1e-9));
-                let cost = (checkpoint_seconds.source == Source::Measured)
-                    .then(|| Duration::from_secs_f64(checkpoint_seconds.value));
-                let freeze = Duration::from_secs_f64(freeze_seconds.value);
-                let a = interval::auto_interval(cost, Some(freeze), mtbf, p.spec.freeze_fraction());
-                fig(
-                    a.interval.as_secs_f64(),
-                    Source::Estimated,
-                    format!(
-                        "policy {} (auto) lists none of its pods yet: chosen here as the controller would",
-                        p.name_any()
-                    ),
-                )
-            }
-        }),
-        Err(_) => None,
-    });
-
-    let d = |f: &Figure| Duration::from_secs_f64(f.value.max(0.0));
-    let goodput = interval_seconds.as_ref().map(|i| {
-        let cost = CostFacts {
-            freeze: d(&freeze_seconds),
-            checkpoint: d(&checkpoint_seconds),
-            interval: d(i),
-            restore: d(&restore_seconds),
-            cold_start: d(&cold_start_seconds),
-            lost_work_without: d(&lost_work_without_seconds),
-        };
-        advise::goodput(&cost, evictions_per_hour.value)
-    });
     let wf = facts::workload_facts(
         first,
         u32::try_from(pods.len()).unwrap_or(u32::MAX),
         &f.budgets,
         policy.is_some(),
     );
+    let mine = facts::checkpoints_of(&f.checkpoints, pods);
+    let (checkpoint_seconds, freeze_seconds) = figures::cost(&facts::measured(&mine));
+    let restore_seconds = figures::restore(&facts::restore_ms(&f.restores, pods));
+    let cold_start_seconds = figures::cold_start(&facts::cold_start_ms(pods));
+    let lost_work_without_seconds = figures::lost_work(job, first, f.now_ms);
+    // a pod not on a node yet that requires spot capacity will be on it
+    let evictions_per_hour = figures::evictions(
+        pool_status,
+        pool.as_ref(),
+        spot || wf.spot_affinity == advise::SpotAffinity::Required,
+    );
+    let interval_seconds = policy.and_then(|p| {
+        figures::heartbeat(
+            p,
+            own_status,
+            &evictions_per_hour,
+            &checkpoint_seconds,
+            &freeze_seconds,
+        )
+    });
+    let goodput = interval_seconds.as_ref().map(|i| {
+        let cost = CostFacts {
+            freeze: freeze_seconds.duration(),
+            checkpoint: checkpoint_seconds.duration(),
+            interval: i.duration(),
+            restore: restore_seconds.duration(),
+            cold_start: cold_start_seconds.duration(),
+            lost_work_without: lost_work_without_seconds.duration(),
+        };
+        advise::goodput(&cost, evictions_per_hour.value)
+    });
     let pf = PoolFacts {
         provider,
         spot,

@@ -1,6 +1,7 @@
 //! The mapping from objects to advice, without an API server (the plugin's API-server test runs
 //! the same over real objects).
 
+use super::figures::Source;
 use super::*;
 use serde_json::{json, Value};
 
@@ -288,7 +289,7 @@ fn auto_without_status_no_policy_and_a_jobs_lost_work() {
     assert!(web.interval_seconds.is_none() && web.goodput.is_none());
     let train = &r.workloads[1];
     let i = train.interval_seconds.as_ref().unwrap();
-    let want = interval::auto_interval(
+    let want = stasis_core::interval::auto_interval(
         Some(Duration::from_secs(2)),
         Some(Duration::from_secs(2)),
         Duration::from_secs(24 * 3600),
@@ -304,6 +305,33 @@ fn auto_without_status_no_policy_and_a_jobs_lost_work() {
     );
     let g = train.goodput.unwrap();
     assert_eq!(g.loss_per_eviction_without_s, 60.0 + 590.0);
+}
+
+/// A finished pod gets no advice; a pod that waits for a node and requires spot capacity is
+/// taken at the spot prior.
+#[test]
+fn ended_pods_are_left_out_and_a_pending_spot_pod_gets_the_spot_prior() {
+    let mut done = pod("old-h1-a", "old", "main-1", json!({}), json!({}));
+    done.status = Some(obj(json!({"phase": "Succeeded"})));
+    let required =
+        json!({"nodeName": null, "nodeSelector": {"karpenter.sh/capacity-type": "spot"}});
+    let f = facts(
+        vec![done, pod("new-h1-a", "new", "", required, json!({}))],
+        Ok(vec![on_demand_node("main-1")]),
+    );
+    let r = report(&f);
+    assert_eq!(r.workloads.len(), 1);
+    let w = &r.workloads[0];
+    assert_eq!(
+        (w.workload.as_str(), w.node_pool.as_deref()),
+        ("deployment/new", None)
+    );
+    assert!((w.evictions_per_hour.value - 1.0 / 6.0).abs() < 1e-9);
+    assert!(
+        w.evictions_per_hour.from.contains("for spot capacity"),
+        "{}",
+        w.evictions_per_hour.from
+    );
 }
 
 #[test]
