@@ -14,7 +14,10 @@ fn advise_runs_the_kubectl_plugin_with_its_arguments() {
     let record = dir.path().join("args");
     std::fs::write(
         &plugin,
-        format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\nexit 3\n", record.display()),
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\nexit 3\n",
+            record.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -24,9 +27,16 @@ fn advise_runs_the_kubectl_plugin_with_its_arguments() {
         .env("PATH", format!("{}:/usr/bin:/bin", dir.path().display()))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(3), "the plugin's exit status: {out:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the plugin's exit status: {out:?}"
+    );
     let args = std::fs::read_to_string(&record).unwrap();
-    assert_eq!(args, "advise\n-n\nprod\n-o\nyaml\n", "passed through as given");
+    assert_eq!(
+        args, "advise\n-n\nprod\n-o\nyaml\n",
+        "passed through as given"
+    );
 }
 
 #[test]
