@@ -72,6 +72,12 @@ pub enum Command {
     Key(KeyCmd),
     /// Check whether this machine can checkpoint and restore, and say how to fix what is missing.
     Doctor(DoctorArgs),
+    /// Write a checkpoint as a Kubernetes checkpoint archive (the kubelet's
+    /// `checkpoint-<pod>_<namespace>-<container>-<time>.tar`, which checkpointctl reads).
+    Export(ExportArgs),
+    /// Store a Kubernetes checkpoint archive (from the kubelet's checkpoint API, or `stasis
+    /// export`) as a checkpoint that `stasis restore` restores on any machine.
+    Import(ImportArgs),
 }
 
 /// Where checkpoints are kept and how they are encrypted.
@@ -198,6 +204,39 @@ pub struct InspectArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Checkpoint reference: <workload>/<id> or <workload>/latest.
+    pub reference: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Archive to write (refuses to overwrite). Default: the kubelet's name for it, in the
+    /// current directory.
+    #[arg(long = "file", short = 'f')]
+    pub file: Option<PathBuf>,
+    /// Scratch directory the checkpoint is fetched into.
+    #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
+    pub work_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The checkpoint archive (a tar; its rootfs-diff.tar may be gzip-compressed).
+    pub archive: PathBuf,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Workload name the checkpoint is filed under (default: the archive's container name).
+    #[arg(long)]
+    pub workload: Option<String>,
+    /// Engine/model versions the workload declares (KEY=VALUE, repeatable); a restore target
+    /// must declare the same.
+    #[arg(long = "declare", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub declare: Vec<(String, String)>,
+    /// Scratch directory the archive is unpacked into.
+    #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
+    pub work_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
 pub struct GcArgs {
     #[command(flatten)]
     pub store: StoreArgs,
@@ -257,6 +296,8 @@ mod tests {
         p("stasis gc --store file:///s --keep-last 2").unwrap();
         p("stasis key generate /tmp/k").unwrap();
         p("stasis doctor --output json").unwrap();
+        p("stasis export w/latest --store file:///s -f /tmp/c.tar").unwrap();
+        p("stasis import /tmp/c.tar --store file:///s --workload w --declare engine=x").unwrap();
         assert!(p("stasis restore w/latest --store file:///s").is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! One module per command; [`run`] dispatches.
 
+mod archive;
 mod checkpoint;
 mod doctor;
 mod gc;
@@ -33,6 +34,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gc(g) => gc::run(g),
         Command::Key(k) => key::run(k),
         Command::Doctor(d) => doctor::run(d),
+        Command::Export(e) => archive::export(e, &progress),
+        Command::Import(i) => archive::import(i, &progress),
     }
 }
 
@@ -91,6 +94,45 @@ pub(crate) fn open_store(args: &StoreArgs, access: Access) -> anyhow::Result<(Ke
     let store = Store::open_with(&args.store, store_options(access))?;
     let key = load_key(args.key.as_deref(), access)?;
     Ok((key, store))
+}
+
+/// A reader's start: the key, the store, a runtime, and the manifest a reference names.
+pub(crate) struct Opened {
+    pub key: Key,
+    pub store: Store,
+    pub rt: tokio::runtime::Runtime,
+    pub manifest: stasis_core::manifest::Manifest,
+}
+
+impl Opened {
+    pub(crate) fn new(args: &StoreArgs, reference: &str) -> anyhow::Result<Self> {
+        let reference: stasis_core::CheckpointRef = reference.parse()?;
+        let (key, store) = open_store(args, Access::Read)?;
+        let rt = runtime()?;
+        let manifest = rt.block_on(store.read_manifest(&key, &reference))?;
+        Ok(Self {
+            key,
+            store,
+            rt,
+            manifest,
+        })
+    }
+
+    /// Fetches the checkpoint's files into `dir` (with progress), given up on a signal.
+    pub(crate) fn fetch(&self, dir: &Path, bars: &crate::progress::Bars) -> anyhow::Result<()> {
+        let exact = self.manifest.reference();
+        match self.rt.block_on(self.store.get_checkpoint_until(
+            &self.key,
+            &exact,
+            dir,
+            bars,
+            crate::signals::cancelled(),
+        )) {
+            Ok(_) => crate::signals::check().map_err(Into::into),
+            Err(stasis_store::StoreError::Cancelled) => Err(crate::signals::interrupted().into()),
+            Err(e) => Err(anyhow::Error::from(e).context(format!("fetching {exact} failed"))),
+        }
+    }
 }
 
 pub(crate) fn store_reachable(url: &str) -> Result<String, (String, String)> {

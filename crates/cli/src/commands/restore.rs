@@ -8,16 +8,13 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use stasis_core::fingerprint::RestoreTarget;
 use stasis_core::manifest::Source;
-use stasis_core::CheckpointRef;
 use stasis_engine::image::ImageDir;
 use stasis_engine::restore::{self, ContainerRestore};
 use stasis_engine::runc::Runc;
 use stasis_engine::sockets;
 use stasis_engine::{node, EngineError};
 
-use stasis_store::StoreError;
-
-use super::{keep_failure_logs, open_store, peak_rss_bytes, runtime, Access};
+use super::{keep_failure_logs, peak_rss_bytes, Opened};
 use crate::args::RestoreArgs;
 use crate::output::{self, bytes};
 use crate::progress::Bars;
@@ -44,12 +41,10 @@ struct Report {
 
 pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
-    let reference: CheckpointRef = args.reference.parse()?;
     // A signal from here on stops in order: no container half made, no images left.
     let _orderly = signals::Orderly::enter();
-    let (key, store) = open_store(&args.store, Access::Read)?;
-    let rt = runtime()?;
-    let manifest = rt.block_on(store.read_manifest(&key, &reference))?;
+    let opened = Opened::new(&args.store, &args.reference)?;
+    let manifest = &opened.manifest;
     let exact = manifest.reference();
 
     match (&manifest.source, args.process) {
@@ -103,18 +98,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
 
     let scratch = ScratchDir::new(&args.work_dir, "restore")?;
     let t = Instant::now();
-    match rt.block_on(store.get_checkpoint_until(
-        &key,
-        &exact,
-        &scratch.path,
-        bars,
-        signals::cancelled(),
-    )) {
-        Ok(_) => {}
-        Err(StoreError::Cancelled) => return Err(signals::interrupted().into()),
-        Err(e) => return Err(anyhow::Error::from(e).context(format!("fetching {exact} failed"))),
-    }
-    signals::check()?;
+    opened.fetch(&scratch.path, bars)?;
     let fetch_ms = t.elapsed().as_millis() as u64;
     let image = ImageDir::new(&scratch.path);
 

@@ -319,3 +319,37 @@ pub fn xattr(path: &std::path::Path, name: &str) -> Option<String> {
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
+
+/// Filesystem changes a workload makes, through `root` (the view the container has): a new
+/// file `data/new.txt`, `etc/passwd` deleted (a whiteout on an overlay), `olddir` removed and
+/// made again with one file (an opaque directory).
+pub fn change_rootfs(root: &Path) {
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    std::fs::write(root.join("data/new.txt"), "written by the workload").unwrap();
+    std::fs::remove_file(root.join("etc/passwd")).unwrap();
+    std::fs::remove_dir_all(root.join("olddir")).unwrap();
+    std::fs::create_dir(root.join("olddir")).unwrap();
+    std::fs::write(root.join("olddir/only-this"), "x").unwrap();
+}
+
+/// The changes of [`change_rootfs`] are there in the restored container's `root`.
+pub fn assert_rootfs_changes(root: &Path) {
+    assert_eq!(
+        std::fs::read_to_string(root.join("data/new.txt")).unwrap(),
+        "written by the workload"
+    );
+    assert!(
+        !root.join("etc/passwd").exists(),
+        "a deleted file came back"
+    );
+    let entries: Vec<_> = std::fs::read_dir(root.join("olddir"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        entries,
+        vec![std::ffi::OsString::from("only-this")],
+        "opaque directory not honoured"
+    );
+}

@@ -21,10 +21,11 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use stasis_core::manifest::{RootfsCapture, RootfsMethod};
+use stasis_core::manifest::{Manifest, RootfsCapture, RootfsMethod, Source};
+use stasis_core::names::manifest as label;
 
 use crate::error::EngineError;
 use crate::image::ImageDir;
@@ -120,6 +121,98 @@ pub struct Imported {
     pub images: u64,
     /// Members not taken (logs, a runtime's own status files, volumes), by name.
     pub ignored: Vec<String>,
+}
+
+/// The CRI annotations of `spec.dump` and the manifest labels they correspond to (containerd's
+/// names first; CRI-O's and the kubelet's are read on import).
+const ANNOTATIONS: &[(&str, &[&str])] = &[
+    (
+        label::CONTAINER_NAME,
+        &[
+            "io.kubernetes.cri.container-name",
+            "io.kubernetes.container.name",
+        ],
+    ),
+    (
+        label::POD_NAME,
+        &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"],
+    ),
+    (
+        label::NAMESPACE,
+        &[
+            "io.kubernetes.cri.sandbox-namespace",
+            "io.kubernetes.pod.namespace",
+        ],
+    ),
+    (
+        label::POD_UID,
+        &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"],
+    ),
+];
+/// The `spec.dump` annotation naming the stasis checkpoint an archive was exported from.
+pub const EXPORTED_FROM: &str = "dev.stasis.checkpoint";
+
+impl ExportInfo {
+    /// What an export of the checkpoint `m` says of it: the container, its image digest, when,
+    /// and the pod it came from (as containerd's annotations).
+    pub fn of(m: &Manifest) -> Self {
+        let id = match &m.source {
+            Source::Container { container_id } => container_id.clone(),
+            Source::Process { pid } => format!("process-{pid}"),
+        };
+        let mut annotations: BTreeMap<String, String> = ANNOTATIONS
+            .iter()
+            .filter_map(|(l, keys)| Some((keys[0].to_owned(), m.labels.get(*l)?.clone())))
+            .collect();
+        // checkpointctl names the container from this annotation: a checkpoint taken outside
+        // Kubernetes has the workload's name there.
+        annotations
+            .entry(ANNOTATIONS[0].1[0].to_owned())
+            .or_insert_with(|| m.workload.to_string());
+        annotations.insert(EXPORTED_FROM.to_owned(), m.reference().to_string());
+        let image = m.requirements.image_digest.clone().unwrap_or_default();
+        let secs = stasis_core::time::parse_rfc3339_nanos(&m.created_at)
+            .map_or(0, |n| (n / 1_000_000_000).max(0) as u64);
+        Self {
+            config: ContainerConfig {
+                name: m
+                    .labels
+                    .get(label::CONTAINER_NAME)
+                    .cloned()
+                    .unwrap_or_else(|| m.workload.to_string()),
+                id,
+                // stasis records the image by digest only: that is its name here too.
+                rootfs_image: image.clone(),
+                rootfs_image_name: image.clone(),
+                rootfs_image_ref: image,
+                runtime: "io.containerd.runc.v2".to_owned(),
+                created_time: m.created_at.clone(),
+                checkpointed_time: m.created_at.clone(),
+            },
+            annotations,
+            mtime: secs,
+        }
+    }
+}
+
+impl Imported {
+    /// Manifest labels from the archive's annotations (the pod and container it came from).
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        ANNOTATIONS
+            .iter()
+            .filter_map(|(l, keys)| {
+                let v = keys.iter().find_map(|k| self.annotations.get(*k))?;
+                Some(((*l).to_owned(), v.clone()))
+            })
+            .collect()
+    }
+
+    /// The image digest the archive names (`rootfsImageRef`, as `sha256:<hex>`), if any.
+    pub fn image_digest(&self) -> Option<String> {
+        let r = &self.config.rootfs_image_ref;
+        let d = r.rsplit_once('@').map_or(r.as_str(), |(_, d)| d);
+        d.starts_with("sha256:").then(|| d.to_owned())
+    }
 }
 
 fn refused(archive: &Path, entry: impl Into<String>, reason: impl Into<String>) -> EngineError {
@@ -395,13 +488,6 @@ pub fn import(archive: &Path, image: &ImageDir) -> Result<Imported, EngineError>
         images,
         ignored,
     })
-}
-
-/// The path an export of `reference` gets by default, in the kubelet's naming.
-pub fn default_file_name(pod: &str, namespace: &str, container: &str, rfc3339: &str) -> PathBuf {
-    PathBuf::from(format!(
-        "checkpoint-{pod}_{namespace}-{container}-{rfc3339}.tar"
-    ))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 use super::writer::Writer;
 use super::*;
+use std::path::PathBuf;
 use crate::tarball::Header;
 
 const T: u64 = 1_764_547_200;

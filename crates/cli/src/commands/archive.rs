@@ -1,0 +1,193 @@
+//! `stasis export` and `stasis import`: checkpoints as the kubelet's checkpoint API writes
+//! them (KEP-2008), read by checkpointctl; the format is the engine's `upstream` module.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde::Serialize;
+use stasis_core::fingerprint::{NodeFingerprint, Requirements};
+use stasis_core::manifest::{Manifest, Source, SCHEMA_VERSION};
+use stasis_core::names::manifest as label;
+use stasis_core::reference::{CheckpointId, WorkloadName};
+use stasis_engine::image::ImageDir;
+use stasis_engine::node;
+use stasis_engine::upstream::{self, ExportInfo, ExportReport};
+
+use super::{now_millis, open_store, runtime, Access, Opened};
+use crate::args::{ExportArgs, ImportArgs};
+use crate::output::{self, bytes};
+use crate::progress::Bars;
+use crate::scratch::ScratchDir;
+use crate::signals;
+
+#[derive(Debug, Serialize)]
+struct Exported {
+    reference: String,
+    file: PathBuf,
+    #[serde(flatten)]
+    report: ExportReport,
+}
+
+pub fn export(args: ExportArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
+    let _orderly = signals::Orderly::enter();
+    let opened = Opened::new(&args.store, &args.reference)?;
+    let manifest = &opened.manifest;
+    let exact = manifest.reference();
+    let info = ExportInfo::of(manifest);
+    let file = args.file.clone().unwrap_or_else(|| default_name(manifest));
+    if file.exists() {
+        anyhow::bail!("{} exists: choose another --file", file.display());
+    }
+    let scratch = ScratchDir::new(&args.work_dir, "export")?;
+    opened.fetch(&scratch.path, bars)?;
+    let spinner = bars.spinner("writing the archive");
+    let image = ImageDir::new(&scratch.path);
+    let report = upstream::export(
+        &image,
+        manifest.rootfs.as_ref().map(|r| r.method),
+        &info,
+        &file,
+    )
+    .inspect_err(|_| {
+        // No half-written archive is left for a reader to take for a whole one.
+        let _ = std::fs::remove_file(&file);
+    })?;
+    spinner.finish_and_clear();
+    let out = Exported {
+        reference: exact.to_string(),
+        file,
+        report,
+    };
+    output::emit(&out, || {
+        let mut s = format!(
+            "exported {} to {} ({}, {} CRIU files",
+            out.reference,
+            out.file.display(),
+            bytes(out.report.bytes),
+            out.report.images
+        );
+        if out.report.rootfs_entries > 0 || out.report.deletions_left_out {
+            s.push_str(&format!(
+                ", filesystem changes: {} entries, {} deletions",
+                out.report.rootfs_entries, out.report.rootfs_whiteouts
+            ));
+        }
+        s.push(')');
+        if out.report.deletions_left_out {
+            s.push_str("\nnote: the container's rootfs was a plain directory: the archive carries its changed files, not its deletions");
+        }
+        s
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `checkpoint-<pod>_<namespace>-<container>-<time>.tar`, as the kubelet names it (the
+/// workload and `stasis` stand in for a pod and namespace a CLI checkpoint does not have).
+fn default_name(m: &Manifest) -> PathBuf {
+    let l = |k: &str| m.labels.get(k).cloned();
+    let safe = |s: String| s.replace(['/', '\0'], "_");
+    PathBuf::from(format!(
+        "checkpoint-{}_{}-{}-{}.tar",
+        safe(l(label::POD_NAME).unwrap_or_else(|| m.workload.to_string())),
+        safe(l(label::NAMESPACE).unwrap_or_else(|| "stasis".into())),
+        safe(l(label::CONTAINER_NAME).unwrap_or_else(|| "container".into())),
+        m.created_at
+    ))
+}
+
+#[derive(Debug, Serialize)]
+struct ImportReport {
+    reference: String,
+    images: u64,
+    bytes: u64,
+    rootfs_entries: u64,
+    rootfs_deletions: u64,
+    /// Members of the archive not taken (logs, a runtime's status files, volumes).
+    ignored: Vec<String>,
+}
+
+pub fn import(args: ImportArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
+    let _orderly = signals::Orderly::enter();
+    let (key, store) = open_store(&args.store, Access::Write)?;
+    let scratch = ScratchDir::new(&args.work_dir, "import")?;
+    let image = ImageDir::new(&scratch.path);
+    let spinner = bars.spinner("reading the archive");
+    let imported = upstream::import(&args.archive, &image)?;
+    spinner.finish_and_clear();
+    signals::check()?;
+
+    let workload = match &args.workload {
+        Some(w) => WorkloadName::new(w.clone())?,
+        None if !imported.config.name.is_empty() => WorkloadName::sanitize(&imported.config.name),
+        None => anyhow::bail!("the archive names no container: pass --workload"),
+    };
+    let mut labels = imported.labels();
+    labels.insert(label::REASON.to_owned(), "Imported".to_owned());
+    let id = CheckpointId::from_parts(now_millis(), rand::random());
+    let here = node::fingerprint();
+    let draft = Manifest {
+        schema_version: SCHEMA_VERSION,
+        workload,
+        created_at: id.created_rfc3339(),
+        id,
+        key_id: String::new(),
+        source: Source::Container {
+            container_id: imported.config.id.clone(),
+        },
+        leave_running: true,
+        requirements: Requirements {
+            // What the archive cannot tell (the kernel, CPU features and CRIU of the machine
+            // that wrote it) is left open; CRIU checks the CPU itself when it restores. The
+            // architecture is this machine's: the images were read here as such.
+            node: NodeFingerprint {
+                cpu: stasis_core::fingerprint::CpuFingerprint {
+                    arch: here.cpu.arch.clone(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            needs_runc: true,
+            image_digest: imported.image_digest(),
+            declared: args.declare.iter().cloned().collect::<BTreeMap<_, _>>(),
+        },
+        processes: Vec::new(),
+        rootfs: imported.rootfs.clone(),
+        timings: Default::default(),
+        stats: Default::default(),
+        files: Vec::new(),
+        gpu_processes: 0,
+        labels,
+    };
+    let rt = runtime()?;
+    let m = rt
+        .block_on(store.put_checkpoint_until(
+            &key,
+            draft,
+            &scratch.path,
+            bars,
+            signals::cancelled(),
+        ))
+        .context("storing the imported checkpoint failed")?;
+    let out = ImportReport {
+        reference: m.reference().to_string(),
+        images: imported.images,
+        bytes: m.logical_bytes(),
+        rootfs_entries: imported.rootfs.as_ref().map_or(0, |r| r.entries),
+        rootfs_deletions: imported.rootfs.as_ref().map_or(0, |r| r.deleted),
+        ignored: imported.ignored,
+    };
+    output::emit(&out, || {
+        format!(
+            "imported {} as {} ({}, {} CRIU files, filesystem changes: {} entries, {} deletions)",
+            args.archive.display(),
+            out.reference,
+            bytes(out.bytes),
+            out.images,
+            out.rootfs_entries,
+            out.rootfs_deletions
+        )
+    });
+    Ok(ExitCode::SUCCESS)
+}
