@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-TARGETS_ALL=(manifest chunk_object planfile node_api crd_fields rootfs)
+TARGETS_ALL=(manifest chunk_object planfile node_api crd_fields rootfs kubelet_archive)
 TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTFLAGS="${RUSTFLAGS:-} --cfg fuzzing -Cpasses=sancov-module \
  -Cllvm-args=-sanitizer-coverage-level=3 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
@@ -47,9 +47,9 @@ rc=0
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
   log="artifacts/$t/last-run.log"
-  # The rootfs target drops root before its first input (a confinement bug must not reach the
+  # The rootfs and kubelet_archive targets drop root before its first input (a confinement bug must not reach the
   # machine's files): what it writes must be writable by that uid.
-  [[ $t == rootfs && $(id -u) == 0 ]] && chown -R 65534:65534 "corpus/$t" "artifacts/$t"
+  [[ ($t == rootfs || $t == kubelet_archive) && $(id -u) == 0 ]] && chown -R 65534:65534 "corpus/$t" "artifacts/$t"
   # -rss_limit_mb: an input that makes a parser allocate more than this is a finding too.
   if "target/$TRIPLE/release/$t" -max_total_time="$secs" -rss_limit_mb=1024 -timeout=10 \
       -print_final_stats=1 -artifact_prefix="artifacts/$t/" "corpus/$t" "seeds/$t" >"$log" 2>&1; then

@@ -10,32 +10,9 @@
 //! a confinement bug found here must not be able to touch the machine's files.
 #![no_main]
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
 use libfuzzer_sys::fuzz_target;
 use stasis_core::manifest::RootfsMethod;
 use stasis_engine::image::ImageDir;
-
-/// The scratch directory, after dropping root.
-fn scratch() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        // SAFETY: plain syscalls before any other thread of ours touches credentials.
-        unsafe {
-            if libc::geteuid() == 0 {
-                assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups");
-                assert_eq!(libc::setgid(65534), 0, "setgid");
-                assert_eq!(libc::setuid(65534), 0, "setuid");
-            }
-        }
-        let base =
-            std::env::var_os("STASIS_FUZZ_SCRATCH").map_or_else(std::env::temp_dir, PathBuf::from);
-        let d = base.join(format!("stasis-fuzz-rootfs-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("scratch directory");
-        d
-    })
-}
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 3 {
@@ -49,13 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let n = usize::from(u16::from_le_bytes([data[1], data[2]])).min(data.len() - 3);
     let (paths, archive) = data[3..].split_at(n);
 
-    // A fresh directory per input: what an input leaves behind (modes, immutable names) never
-    // becomes the next input's problem.
-    static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let s = scratch().join(format!(
-        "run-{}",
-        RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
+    let s = stasis_fuzz::fresh_dir(stasis_fuzz::unprivileged_scratch("rootfs"));
     let image = ImageDir::new(s.join("image"));
     std::fs::create_dir_all(image.rootfs_dir()).expect("image dir");
     std::fs::write(image.rootfs_diff(), archive).expect("archive");
