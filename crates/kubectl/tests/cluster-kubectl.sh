@@ -98,6 +98,14 @@ ok_if "why $P2: Decision Restore, the checkpoint, its PodRestore Restored and st
   bash -c "grep -q '^Decision: *Restore\$' '$OUT' && grep -q '^Restore from: ' '$OUT' && grep -Eq ' Restored +worker-[12]' '$OUT' && grep -Eq 'Normal +Restored +[0-9]+s +stasis' '$OUT'"
 ks status deployment/web
 ok_if "status deployment/web: $P2 restored, from the checkpoint it names" bash -c "grep -Eq '^$P2 .* Restore +from ' '$OUT'"
+ks advise
+ok_if "advise: deployment/web, its interval from the policy, its checkpoint's cost as the real agent measured it, exit 0" \
+  bash -c "[ $rc = 0 ] && grep -Eq '^deployment/web +1 +' '$OUT' && grep -q '^  interval          10s       policy: policy every-10s\$' '$OUT' &&
+           grep -Eq '^  checkpoint +[0-9.]+m?s +measured: ' '$OUT'"
+ks advise -o json
+ok_if "advise -o json: the replacement's restore measured (its PodRestore), the local nodes' pool on demand, only NoDisruptionBudget found" \
+  jq -e '.workloads | length == 1 and (.[0] | .workload == "deployment/web" and .restoreSeconds.source == "measured" and .restoreSeconds.value > 0
+         and .spot == false and .checkpointSeconds.source == "measured" and ([.findings[].code] == ["NoDisruptionBudget"]) and .goodput.withStasis > 0)' "$OUT"
 ks restore "$P2" --from "$REF" --as dev
 ok_if "restore --as dev (edit, not stasis-restorer): refused with the reason" \
   bash -c "[ $rc = 1 ] && grep -qF 'you may not restore in namespace $NS' '$ERR'"
