@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use stasis_core::WorkloadName;
 
 use super::{
@@ -16,6 +16,9 @@ use super::{
 use crate::envelope::{self, MAX_MANIFEST_OBJECT};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
+
+/// Kept manifests the mark phase reads at once.
+const MARK_READS: usize = 32;
 
 impl Store {
     // ---------------------------------------------------------------- gc
@@ -84,21 +87,32 @@ impl Store {
             by_workload.entry(s.workload.clone()).or_default().push(s);
         }
         let mut kept = Vec::new();
+        let mut expired = Vec::new();
         for (_, mut v) in by_workload {
             v.sort_by(|a, b| b.id.cmp(&a.id));
             for (i, s) in v.into_iter().enumerate() {
                 if i < keep_last {
                     kept.push(s);
                 } else {
-                    let p = manifest_path(&s.workload, &s.id);
-                    match self.os.delete(&p).await {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                        Err(e) => return Err(self.be(&p, e)),
-                    }
-                    report.manifests_deleted.push(s.reference().to_string());
+                    expired.push(s);
                 }
             }
         }
+        // One bulk request per thousand manifests on S3 (DeleteObjects), not one each: with
+        // 10,000 pods a retention pass deletes tens of thousands.
+        let paths: Vec<_> = expired
+            .iter()
+            .map(|s| Ok(manifest_path(&s.workload, &s.id)))
+            .collect();
+        let mut deleted = self.os.delete_stream(futures::stream::iter(paths).boxed());
+        while let Some(r) = deleted.next().await {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.be(&ObjPath::from("manifests"), e)),
+            }
+        }
+        drop(deleted);
+        report.manifests_deleted = expired.iter().map(|s| s.reference().to_string()).collect();
         report.manifests_kept = kept.len() as u64;
 
         if !live.is_empty() {
@@ -110,11 +124,20 @@ impl Store {
             return Ok(report);
         }
 
-        // Mark.
+        // Mark. The kept manifests are read MARK_READS at a time (in order, so the first one
+        // that cannot be verified still stops the sweep): one round trip each, in sequence,
+        // made a gc of 50,000 kept checkpoints take minutes.
         let mut referenced: HashSet<String> = HashSet::new();
-        for s in &kept {
-            let p = manifest_path(&s.workload, &s.id);
-            let bytes = match self.get_bounded(&p, MAX_MANIFEST_OBJECT).await {
+        let store = self;
+        let mut reads = futures::stream::iter(kept)
+            .map(move |s: CheckpointSummary| async move {
+                let p = manifest_path(&s.workload, &s.id);
+                let r = store.get_bounded(&p, MAX_MANIFEST_OBJECT).await;
+                (s, p, r)
+            })
+            .buffered(MARK_READS);
+        while let Some((s, p, read)) = reads.next().await {
+            let bytes = match read {
                 Ok(Some(b)) => b,
                 Ok(None) => continue,
                 Err(e @ StoreError::ObjectTooLarge { .. }) => {
