@@ -97,8 +97,9 @@ pub struct PoolFacts {
     pub provider: Option<Provider>,
     /// Any of the workload's nodes is spot capacity.
     pub spot: bool,
-    /// Keys of the `NoSchedule`/`NoExecute` taints on the cluster's spot nodes (a Karpenter
-    /// NodePool's own taint, say); empty when no spot node was seen (or nodes were not readable).
+    /// Keys of the `NoSchedule`/`NoExecute` taints every spot node of the cluster carries (a
+    /// Karpenter NodePool's own taint, say; a GPU taint on some of them is not the spot pool's);
+    /// empty when no spot node was seen (or nodes were not readable).
     pub spot_taint_keys: Vec<String>,
 }
 
@@ -306,8 +307,10 @@ pub struct CostFacts {
 #[serde(rename_all = "camelCase")]
 pub struct Goodput {
     /// Expected progress lost per eviction with stasis: half the interval plus the restore.
+    #[serde(rename = "lossPerEvictionSeconds")]
     pub loss_per_eviction_s: f64,
     /// Progress lost per eviction without stasis: the cold start plus the lost work.
+    #[serde(rename = "lossPerEvictionWithoutSeconds")]
     pub loss_per_eviction_without_s: f64,
     /// Share of wall time doing useful work with stasis (freezes and losses taken off).
     pub with_stasis: f64,
@@ -315,6 +318,7 @@ pub struct Goodput {
     pub without_stasis: f64,
     /// The interval `interval: auto` would choose for this cost and eviction rate (Daly's
     /// optimum within its bounds), when evictions are expected.
+    #[serde(rename = "suggestedIntervalSeconds")]
     pub suggested_interval_s: Option<f64>,
 }
 

@@ -328,7 +328,7 @@ ok_if "advise: each figure with its source (policy, policy status: its own pod's
          and .evictionsPerHour.value == 2 and .evictionsPerHour.source == "policyStatus"
          and .checkpointSeconds.value == 1.5 and .checkpointSeconds.source == "measured" and .freezeSeconds.value == 0.3
          and .restoreSeconds == {value: 2, source: "measured", from: "its last restore (the PodRestore'"'"'s creation to restored)"}
-         and .coldStartSeconds.source == "default" and .goodput.lossPerEvictionS == 38.24 and .goodput.withStasis > 0 and .goodput.withoutStasis > 0)
+         and .coldStartSeconds.source == "default" and .goodput.lossPerEvictionSeconds == 38.24 and .goodput.withStasis > 0 and .goodput.withoutStasis > 0)
          and (.workloads[1] | .intervalSeconds.value == 30 and .intervalSeconds.source == "policy"
               and .evictionsPerHour.source == "policyStatus" and (.evictionsPerHour.from | contains("pool gpu/spot")))
          and (.workloads[4] | .nodePool == "main" and .evictionsPerHour.source == "default")'
@@ -343,6 +343,10 @@ ok_if "advise: a kubectl table, one row per workload, then the figures with thei
      grep -Eq '^deployment/grace +1 +gpu/spot +1 +30s ' '$work/out' &&
      grep -q '^  interval          72s       policy status: policy auto (auto)' '$work/out' &&
      grep -q '^  Warning  GraceExceedsNotice: terminationGracePeriodSeconds is 120 s' '$work/out' && grep -q '^           fix: ' '$work/out'"
+as admin advise -A
+ok_if "advise -A: a NAMESPACE column and the workloads of every namespace (prod's pods without an owner are their own workloads)" bash -c \
+    "[ $rc = 0 ] && head -1 '$work/out' | grep -Eq '^NAMESPACE +WORKLOAD +PODS ' && grep -Eq '^prod +pod/web-0 +1 ' '$work/out' &&
+     grep -Eq '^spot +deployment/good +1 ' '$work/out' && grep -q '^deployment/good in spot:' '$work/out'"
 as admin advise -n spot -o yaml
 ok_if "advise -o yaml: the same report" bash -c "[ $rc = 0 ] && grep -q '^scope: namespace spot' '$work/out' && grep -q 'code: GraceExceedsNotice' '$work/out'"
 kubectl -n spot create rolebinding viewer --clusterrole=stasis-checkpoint-viewer --user=dev >/dev/null

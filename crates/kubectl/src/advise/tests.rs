@@ -433,11 +433,11 @@ fn the_json_shape_is_stable() {
     assert!(w["findings"][0]["why"].is_string() && w["findings"][0]["fix"].is_string());
     let g = w["goodput"].as_object().unwrap();
     for k in [
-        "lossPerEvictionS",
-        "lossPerEvictionWithoutS",
+        "lossPerEvictionSeconds",
+        "lossPerEvictionWithoutSeconds",
         "withStasis",
         "withoutStasis",
-        "suggestedIntervalS",
+        "suggestedIntervalSeconds",
     ] {
         assert!(g.contains_key(k), "{k} missing from {g:?}");
     }
