@@ -19,7 +19,7 @@ pub fn forward_if_asked(mut args: impl Iterator<Item = OsString>) -> Option<Exit
         return None;
     }
     let rest: Vec<OsString> = args.collect();
-    Some(run(&rest, std::env::var_os("PATH").as_deref()))
+    Some(run(&rest))
 }
 
 /// The plugin on `path` (a `PATH` value), if there is one to execute.
@@ -32,8 +32,11 @@ pub fn find_plugin(path: Option<&OsStr>) -> Option<PathBuf> {
         })
 }
 
-fn run(args: &[OsString], path: Option<&OsStr>) -> ExitCode {
-    let Some(plugin) = find_plugin(path) else {
+/// Runs `kubectl-stasis advise ARGS` from `PATH` and returns its exit status (also the parsed
+/// command's path: `stasis -v advise ...`; a child gets an empty signal mask from
+/// `std::process`, so the plugin takes Ctrl-C as usual).
+pub fn run(args: &[OsString]) -> ExitCode {
+    let Some(plugin) = find_plugin(std::env::var_os("PATH").as_deref()) else {
         eprintln!(
             "error: stasis advise reads the cluster through the API server, which this command does not talk to; it runs the kubectl plugin, and {PLUGIN} is not on PATH: install it (README, \"kubectl stasis\": cargo build --release -p stasis-kubectl, or the krew manifest deploy/krew/stasis.yaml) and run `kubectl stasis advise`"
         );

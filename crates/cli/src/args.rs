@@ -78,6 +78,17 @@ pub enum Command {
     /// Store a Kubernetes checkpoint archive (from the kubelet's checkpoint API, or `stasis
     /// export`) as a checkpoint that `stasis restore` restores on any machine.
     Import(ImportArgs),
+    /// Advice for the opted-in workloads of a namespace or the cluster on spot capacity: runs
+    /// the kubectl plugin (`kubectl stasis advise`: kubectl-stasis, on PATH) with these
+    /// arguments (-n NS, -A, -o json|yaml, --context).
+    Advise(AdviseArgs),
+}
+
+/// `stasis advise`'s arguments, the kubectl plugin's own.
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<std::ffi::OsString>,
 }
 
 /// Where checkpoints are kept and how they are encrypted.
@@ -298,6 +309,7 @@ mod tests {
         p("stasis doctor --output json").unwrap();
         p("stasis export w/latest --store file:///s -f /tmp/c.tar").unwrap();
         p("stasis import /tmp/c.tar --store file:///s --workload w --declare engine=x").unwrap();
+        p("stasis advise").unwrap();
         assert!(p("stasis restore w/latest --store file:///s").is_err());
     }
 }

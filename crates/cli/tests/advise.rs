@@ -39,11 +39,11 @@ fn advise_runs_the_kubectl_plugin_with_its_arguments() {
     );
 }
 
-#[test]
-fn advise_without_the_plugin_says_where_to_get_it() {
+/// `stasis ARGS` with a PATH that has no plugin: exit 1 and the pointer to it.
+fn without_plugin(args: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(STASIS)
-        .args(["advise", "-A"])
+        .args(args)
         .env("PATH", dir.path())
         .output()
         .unwrap();
@@ -51,4 +51,21 @@ fn advise_without_the_plugin_says_where_to_get_it() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("kubectl-stasis is not on PATH"), "{err}");
     assert!(err.contains("kubectl stasis advise"), "{err}");
+}
+
+#[test]
+fn advise_without_the_plugin_says_where_to_get_it() {
+    without_plugin(&["advise", "-A"]);
+}
+
+#[test]
+fn advise_is_listed_in_the_help_and_global_flags_before_it_still_forward() {
+    let out = Command::new(STASIS).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.lines().any(|l| l.trim_start().starts_with("advise ")),
+        "{help}"
+    );
+    // `stasis -q advise ...` is parsed (not handed over first) and still runs the plugin
+    without_plugin(&["-q", "advise", "-n", "x"]);
 }

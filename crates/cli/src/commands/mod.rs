@@ -36,6 +36,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(d) => doctor::run(d),
         Command::Export(e) => archive::export(e, &progress),
         Command::Import(i) => archive::import(i, &progress),
+        Command::Advise(a) => Ok(crate::advise::run(&a.args)),
     }
 }
 
