@@ -10,7 +10,9 @@
 #       `kubectl label/annotate`) gets no PodRestore
 #   M1  a ReplicaSet `web-zz9` mimicking the Deployment does not get its orphaned lineage
 #   H2  forged AdmissionReviews posted to the webhook Service from a pod: no lineage records
-#       created, no ids answered, the orphaned lineage not claimed
+#       created, no ids answered, the orphaned lineage not claimed; and again with the chart
+#       upgraded without webhook.clientCA (the webhook answers anyone): for web's real ReplicaSet,
+#       still no record created or changed, and web's replacement still restores
 #   H3  a bare pod with the victim's lineage/generation annotations and a PodCheckpoint of it
 #       (a. same namespace: the victim's replacement does not restore it; b. another namespace:
 #       the victim's lineage and checkpoints are not deleted)
@@ -266,9 +268,10 @@ kubectl -n "$NS" delete pods -l pod-template-hash=zz9 --grace-period=1 --wait=fa
 retry 40 bash -c "! kubectl -n $NS get pods -l pod-template-hash=zz9 -o name | grep -q ."; sleep 3
 
 echo "# --- H2: forged AdmissionReviews posted to the webhook Service from dev's pod"
-# review OWNER-RS HASH: a CREATE of a pod of ReplicaSet OWNER-RS, "by" the ReplicaSet controller
+# review OWNER-RS HASH [OWNER-UID]: a CREATE of a pod of ReplicaSet OWNER-RS (a made-up UID unless
+# given), "by" the ReplicaSet controller
 review() {
-  jq -n --arg ns "$NS" --arg rs "$1" --arg h "$2" --argjson s "$TPL" --arg uid "$(cat /proc/sys/kernel/random/uuid)" '{
+  jq -n --arg ns "$NS" --arg rs "$1" --arg h "$2" --argjson s "$TPL" --arg uid "${3:-$(cat /proc/sys/kernel/random/uuid)}" '{
     apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
     request: {uid: $uid, kind: {group: "", version: "v1", kind: "Pod"}, resource: {group: "", version: "v1", resource: "pods"},
       requestKind: {group: "", version: "v1", kind: "Pod"}, requestResource: {group: "", version: "v1", resource: "pods"},
@@ -304,6 +307,49 @@ if grep -q '^status 200' <<<"$ANS" && [ -n "$PATCH" ]; then
   fail "H2: the forged review is refused visibly (no answer, or an error status)" "$(grep '^status' <<<"$ANS")"
 else
   pass "H2: the forged review is refused visibly: $(grep -v '^{' <<<"$ANS" | tr '\n' ' ' | cut -c1-160)"
+fi
+
+echo "# --- H2 without webhook.clientCA (what a managed cluster runs): forged reviews of web's real ReplicaSet"
+# The webhook then answers anyone; admission has no side effect, so the reviews change nothing and
+# web's replacement (below) still restores from its lineage. The chart is upgraded without the CA
+# for this part and back with it after (about a minute for the two rollouts).
+CA=$(helm get values stasis -n "$SYS" -o json | jq -r '.webhook.clientCA // ""')
+RSJ=$(kubectl -n "$NS" get rs -o json | jq -c '[.items[] | select(any(.metadata.ownerReferences[]?; .kind == "Deployment" and .name == "web"))] | sort_by(.metadata.creationTimestamp) | last')
+RS=$(jq -r '.metadata.name' <<<"$RSJ"); RSUID=$(jq -r '.metadata.uid' <<<"$RSJ"); RSH=$(jq -r '.metadata.labels["pod-template-hash"]' <<<"$RSJ")
+helm_chart() { helm upgrade stasis "$REPO/deploy/helm/stasis" -n "$SYS" --reuse-values --wait --timeout 180s "$@" >/dev/null; }
+if [ -z "$CA" ] || [ -z "$RS" ] || [ "$RS" = null ]; then
+  fail "H2 without clientCA: the chart has a webhook.clientCA to take away and web has a ReplicaSet" "clientCA ${CA:+set}${CA:-empty}, ReplicaSet '$RS'"
+else
+  printf '%s\n' "$CA" >"$WORK/webhook-client-ca.crt"
+  on_exit "helm upgrade stasis '$REPO/deploy/helm/stasis' -n '$SYS' --reuse-values --set-file webhook.clientCA='$WORK/webhook-client-ca.crt'"
+  t=$(date +%s)
+  if helm_chart --set webhook.clientCA=; then
+    retry 60 bash -c "kubectl -n $SYS rollout status deploy/stasis-controller --timeout=5s" >/dev/null
+    echo "# chart upgraded without webhook.clientCA: $(( $(date +%s) - t )) s"
+    snapshot H2u "" "$L"
+    R0=$(n_records)
+    for i in 1 2 3; do
+      review "$RS" "$RSH" "$RSUID" | kubectl -n "$NSA" exec -i client -- /testapp request POST "$WEBHOOK_URL" - >"$WORK/h2u$i" 2>&1
+      review "ghost$i-abc$i" "abc$i" | kubectl -n "$NSA" exec -i client -- /testapp request POST "$WEBHOOK_URL" - >>"$WORK/h2u$i" 2>&1
+    done
+    ANS=$(cat "$WORK/h2u1"); PATCH=$(sed -n '/^{/p' "$WORK/h2u1" | head -1 | jq -r '.response.patch // empty | if type == "array" then implode else @base64d end' 2>/dev/null)
+    echo "# forged review of a pod of web's ReplicaSet $RS (its real UID): $(grep -v '^{' <<<"$ANS" | head -1 | tr '\n' ' ')"
+    echo "#   patch (a prediction): $(cut -c1-300 <<<"$PATCH")"
+    check "H2 without clientCA: the webhook answered the forged reviews (the attack reached it)" grep -q '"stasis.dev/claim-token"' <<<"$PATCH"
+    sleep 5  # (a record would appear within this: admission wrote it synchronously before)
+    R1=$(n_records)
+    echo "# lineage records before: $R0, after 3 forged reviews of web and 3 of new workloads: $R1"
+    check "H2 without clientCA: the forged reviews create no lineage record ($R0 -> $R1)" test "$R1" -eq "$R0"
+    untouched H2u "" "$L"
+    no_restore_for H2u "$NS" "$RS"
+  else
+    fail "H2 without clientCA: helm upgrade without webhook.clientCA"
+  fi
+  t=$(date +%s)
+  check "H2 without clientCA: the chart upgraded back with webhook.clientCA" helm_chart --set-file webhook.clientCA="$WORK/webhook-client-ca.crt" &&
+    unset 'E2E_CLEANUP[-1]'
+  retry 60 bash -c "kubectl -n $SYS rollout status deploy/stasis-controller --timeout=5s" >/dev/null
+  echo "# chart upgraded back with webhook.clientCA: $(( $(date +%s) - t )) s"
 fi
 
 echo "# --- web back to 1 replica: it resumes its lineage"

@@ -174,9 +174,17 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
     let Some(mut r) = ctx.records.get(&lineage_id).await? else {
         return Ok(Action::await_change());
     };
+    let reference_lineage = reference.rsplit_once('/').map(|(l, _)| l);
+    // Published already (this is a reconcile after a restart or a relist, and its source pod
+    // may no longer be the holder): nothing to do, and nothing to refuse.
+    if r.namespace == ns
+        && reference_lineage == Some(lineage_id.as_str())
+        && r.lineage.checkpoints.iter().any(|c| c.id == id)
+    {
+        return Ok(Action::await_change());
+    }
     // Only the holder's own checkpoints, in its own namespace, enter a lineage: anything else
     // changes nothing and deletes nothing.
-    let reference_lineage = reference.rsplit_once('/').map(|(l, _)| l);
     let why = foreign(&r, &ns, source_uid.as_deref()).or_else(|| {
         if source_uid.is_none() {
             Some((
@@ -196,9 +204,6 @@ pub async fn reconcile_checkpoint(ck: Arc<PodCheckpoint>, ctx: Arc<Context>) -> 
         ctx.metrics.refused(label);
         tracing::warn!(checkpoint = %name, namespace = %ns, %message, "checkpoint refused");
         fail_checkpoint(&ck, reason::FENCED, message, &ctx).await?;
-        return Ok(Action::await_change());
-    }
-    if r.lineage.checkpoints.iter().any(|c| c.id == id) {
         return Ok(Action::await_change());
     }
     // The digest the restoring agent will hold the manifest to: a checkpoint without one is

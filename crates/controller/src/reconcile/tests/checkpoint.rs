@@ -36,6 +36,34 @@ async fn a_checkpoint_into_a_foreign_lineage_changes_nothing() {
     }
 }
 
+/// A published checkpoint reconciled again after its source pod was replaced as holder (a
+/// controller restart relists every `PodCheckpoint`) is left alone: it stays `Succeeded` and
+/// restorable, never marked fenced.
+#[tokio::test]
+async fn a_published_checkpoint_of_a_former_holder_is_left_alone() {
+    let mut r = record_of_a("prod");
+    let l = r.lineage.id.as_str().to_owned();
+    let id = CheckpointId::from_parts(1_700_000_100_000, 7);
+    r.lineage
+        .publish(LineageCheckpoint {
+            id: id.clone(),
+            generation: 2,
+            created_unix_ms: 1_700_000_100_000,
+            manifest_digest: Some(digest_of(&id)),
+        })
+        .unwrap();
+    // The lineage is held by another pod now.
+    r.holder.as_mut().unwrap().uid = Some("uid-next".into());
+    let (client, seen) = api_server(vec![(
+        format!("/api/v1/namespaces/stasis/configmaps/{}", r.name()),
+        serde_json::to_value(r.to_config_map().unwrap()).unwrap(),
+    )]);
+    let ck = succeeded_in("prod", "final", &l, &id, "uid-1");
+    let ctx = context_with(client, vec![ck.clone()], vec![r], vec![], vec![]);
+    reconcile_checkpoint(Arc::new(ck), ctx).await.unwrap();
+    assert!(writes(&seen).is_empty(), "{:#?}", writes(&seen));
+}
+
 /// Review H4: a `PodCheckpoint` whose status another node's agent wrote (it claims the
 /// holder's UID) is not published: the source pod is on another node.
 #[tokio::test]
