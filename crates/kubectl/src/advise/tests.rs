@@ -307,6 +307,36 @@ fn auto_without_status_no_policy_and_a_jobs_lost_work() {
     assert_eq!(g.loss_per_eviction_without_s, 60.0 + 590.0);
 }
 
+/// The newest succeeded checkpoint's total time is what must fit in the notice: an older slow
+/// one does not count, a newer one does.
+#[test]
+fn the_newest_checkpoints_total_must_fit_the_notice() {
+    let spec = json!({"terminationGracePeriodSeconds": 25});
+    let mut f = facts(
+        vec![pod("big-h1-a", "big", "spot-1", spec, json!({}))],
+        Ok(vec![gke_spot_node("spot-1")]),
+    );
+    f.policies = vec![policy("p", "big", "5m", json!({}))];
+    f.checkpoints = vec![
+        checkpoint("old", "big-h1-a", 900, 500, 40_000, 41_000),
+        checkpoint("new", "big-h1-a", 300, 500, 9_000, 9_600),
+    ];
+    assert!(!codes(&report(&f).workloads[0]).contains(&"FinalCheckpointTooSlow"));
+    f.checkpoints
+        .push(checkpoint("newest", "big-h1-a", 10, 800, 30_000, 31_200));
+    let r = report(&f);
+    let slow = r.workloads[0]
+        .findings
+        .iter()
+        .find(|x| x.code == "FinalCheckpointTooSlow")
+        .expect("the newest took 31.2 s, the pod gets 25 s");
+    assert!(
+        slow.what.contains("31.2 s") && slow.what.contains("25 s"),
+        "{}",
+        slow.what
+    );
+}
+
 /// A finished pod gets no advice; a pod that waits for a node and requires spot capacity is
 /// taken at the spot prior.
 #[test]
