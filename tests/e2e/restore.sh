@@ -140,6 +140,13 @@ if first_pod P1 c "$NS" oom; then
   C_CKPT=$(count_before "$P1" "${LAST%% *}")
   CID=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].containerID}'); CID=${CID#containerd://}
   PID=$(jq -r .init_process_pid "$("$CLUSTER" node-root "$NO")/run/containerd/runc/k8s.io/$CID/state.json" 2>/dev/null)
+  # What the node keeps for the restart in place: a reference to the heartbeat (its chunks are in
+  # the encrypted chunk cache), no memory image (security review M6)
+  IMGS="$("$CLUSTER" node-root "$NO")/var/lib/stasis/images/$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.metadata.uid}')"
+  check "c: the node keeps a reference to the heartbeat for a restart in place ($(ls "$IMGS"/.latest-*/.stasis-latest.json 2>/dev/null | sed "s|.*/images/|images/|"))" \
+    bash -c "ls '$IMGS'/.latest-*/.stasis-latest.json"
+  check "c: ... and no memory image under the node's images/<pod-uid>/ ($(find "$IMGS" -name 'pages-*.img' 2>/dev/null | wc -l) pages-*.img)" \
+    test -z "$(find "$IMGS" -name 'pages-*.img' 2>/dev/null)"
   # SIGRTMIN: the counter grows its memory until the OOM killer acts (its limit is 256 MiB)
   check "c: SIGRTMIN to the counter (pid $PID on $NO) from the host" kill -s RTMIN "$PID"
   t=$(date +%s.%N)
@@ -157,6 +164,8 @@ if first_pod P1 c "$NS" oom; then
     check "c: a PodRestore of the restart in place, Restored" retry 30 restored_in_place
     check "c: a Restored Event on the pod" retry 30 bash -c "kubectl -n $NS get events --field-selector involvedObject.name=$P1,reason=Restored -o name | grep -q ."
     event "$NS" "$P1" Restored | sed 's/^/#   /'
+    check "c: the restore directory is gone after the restore: no memory image under images/<pod-uid>/" \
+      retry 10 bash -c "[ -z \"\$(find '$IMGS' -name 'pages-*.img' 2>/dev/null)\" ]"
     sleep 15
     check "c: no second OOM kill follows (restartCount still 1 after 15 s)" test \
       "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" = 1

@@ -94,6 +94,12 @@ if P1=$(wait_one_counting "$NS" hungry 120); then
   C_CKPT=$(count_before "$P1" "$T_CK_START")
   CID=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].containerID}'); CID=${CID#containerd://}
   PID=$(jq -r .init_process_pid "$("$CLUSTER" node-root "$NO")/run/containerd/runc/k8s.io/$CID/state.json" 2>/dev/null)
+  # What the node keeps for the restart in place: a reference, no memory image (security review M6)
+  IMGS="$("$CLUSTER" node-root "$NO")/var/lib/stasis/images/$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.metadata.uid}')"
+  check "m: the node keeps a reference to the memory checkpoint ($(ls "$IMGS"/.latest-*/.stasis-latest.json 2>/dev/null | sed "s|.*/images/|images/|"))" \
+    bash -c "ls '$IMGS'/.latest-*/.stasis-latest.json"
+  check "m: ... and no memory image under the node's images/<pod-uid>/ ($(find "$IMGS" -name 'pages-*.img' 2>/dev/null | wc -l) pages-*.img)" \
+    test -z "$(find "$IMGS" -name 'pages-*.img' 2>/dev/null)"
   # SIGRTMIN: the counter grows its memory, 16 MiB at a time, until the OOM killer acts
   T_KILL=$(date +%s.%N)
   check "m: SIGRTMIN to the counter (pid $PID on $NO): its memory grows until the OOM kill" kill -s RTMIN "$PID"

@@ -105,11 +105,23 @@ struct Args {
     /// Do not dump established TCP connections.
     #[arg(long)]
     no_tcp_established: bool,
-    /// Do not keep each container's latest checkpoint images on the node (they make a container
-    /// killed by the OOM killer restart from its latest checkpoint in place, without a fetch;
-    /// they take the size of the container's memory on disk until the pod leaves the node).
+    /// Do not keep a reference to each container's latest checkpoint on the node (it makes a
+    /// container killed by the OOM killer restart in place from its latest checkpoint, fetched
+    /// through the chunk cache; no memory image is kept on the node).
     #[arg(long, env = "STASIS_NO_KEEP_LATEST")]
     no_keep_latest: bool,
+    /// The node's chunk cache: every checkpoint's chunks as the store has them (compressed,
+    /// encrypted, authenticated), read first by restores and restarts in place.
+    #[arg(
+        long,
+        env = "STASIS_CHUNK_CACHE_DIR",
+        default_value = "/var/lib/stasis/chunk-cache"
+    )]
+    chunk_cache_dir: PathBuf,
+    /// The chunk cache's bound in bytes, least recently used evicted first (default: 10% of the
+    /// size of the filesystem that holds it, at least 256 MiB; 0: no cache).
+    #[arg(long, env = "STASIS_CHUNK_CACHE_BYTES")]
+    chunk_cache_bytes: Option<u64>,
     /// The cloud whose notices of the node's end (spot reclaim, preemption, maintenance) trigger
     /// checkpoints: auto (from the node's providerID and labels), none, aws, gcp or azure.
     #[arg(long, env = "STASIS_CLOUD_PROVIDER", default_value = "auto")]
@@ -178,6 +190,8 @@ fn main() -> anyhow::Result<()> {
         plan_ttl: Duration::from_secs(a.plan_ttl_secs.max(1)),
         tcp_established: !a.no_tcp_established,
         keep_latest: !a.no_keep_latest,
+        chunk_cache_dir: a.chunk_cache_dir,
+        chunk_cache_bytes: a.chunk_cache_bytes,
         standalone: a.standalone,
         cloud: stasis_agent::notice::NoticeSettings {
             provider: a.cloud_provider,

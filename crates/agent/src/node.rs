@@ -15,7 +15,9 @@ use stasis_node_api::{
 use tracing::{info, warn};
 
 use crate::error::{AgentError, Result};
-use crate::executor::{CheckpointJob, CheckpointOutcome, Executor, NotInPlace, Target};
+use crate::executor::{
+    CheckpointJob, CheckpointOutcome, Executor, KeptLatest, NotInPlace, PrepareJob, Target,
+};
 use crate::fence::{self, Stamp, Verdict};
 use crate::server::NodeHandler;
 use crate::status::PodKey;
@@ -218,6 +220,65 @@ impl Agent {
         self.exec.checkpoint(job, &move || cluster.fence(&stamp))
     }
 
+    /// Starts preparing a restart in place from `kept` (marked as taken first: no restore
+    /// loop) on a thread of its own, so that the runtime's `delete` gets its answer at once;
+    /// returns how long the restarted container's `create` may wait for the plan. The thread
+    /// records the PodRestore once the checkpoint is fetched, then writes the plan; on failure
+    /// the pod gets a Warning `ColdStart` Event naming why, and the waiting `create` a note.
+    fn start_in_place(
+        &self,
+        pod: &PodInfo,
+        name: &str,
+        kept: &KeptLatest,
+    ) -> std::result::Result<u64, NotInPlace> {
+        let refused = |why: String| NotInPlace::Fetch {
+            checkpoint_ref: kept.checkpoint_ref.clone(),
+            why,
+        };
+        let reference: stasis_core::CheckpointRef = kept
+            .checkpoint_ref
+            .parse()
+            .map_err(|e| refused(format!("not a checkpoint reference: {e}")))?;
+        // The data key is the pod's namespace's: a record naming another is not followed.
+        if !kept.namespace.is_empty() && kept.namespace != pod.key.namespace {
+            return Err(refused(format!(
+                "it was kept for namespace {}, the pod is in {}",
+                kept.namespace, pod.key.namespace
+            )));
+        }
+        self.exec.mark_restored_in_place(&pod.key.uid, name)?;
+        let wait_ms = kept.prepare_wait_ms();
+        let until = crate::executor::now_ms() + wait_ms;
+        let job = PrepareJob {
+            reference,
+            namespace: pod.key.namespace.clone(),
+            pod_uid: pod.key.uid.clone(),
+            container_name: Some(name.to_owned()),
+            spec_hash: pod.spec_hash.clone(),
+            image_digest: kept.image_digest.clone(),
+            declared: pod.declared.clone(),
+            manifest_digest: kept.manifest_digest.clone(),
+        };
+        let (exec, cluster, pod, name) = (
+            self.exec.clone(),
+            self.cluster.clone(),
+            pod.clone(),
+            name.to_owned(),
+        );
+        std::thread::Builder::new()
+            .name("restart-in-place".into())
+            .spawn(move || {
+                let r = exec.prepare_in_place(&job, until, |checkpoint| {
+                    cluster.restart_in_place(&pod, &name, Ok(checkpoint))
+                });
+                if let Err(why) = r {
+                    cluster.restart_in_place(&pod, &name, Err(&why));
+                }
+            })
+            .map_err(|e| refused(format!("cannot start its thread: {e}")))?;
+        Ok(wait_ms)
+    }
+
     fn final_checkpoint_inner(&self, req: &FinalCheckpointRequest) -> ResponseBody {
         let skipped = |r: &str| ResponseBody::Skipped { reason: r.into() };
         if req.deadline_ms == 0 {
@@ -377,19 +438,26 @@ impl NodeHandler for Agent {
         } else if !pod.restarts_in_place {
             Err(NotInPlace::RestartPolicyNever)
         } else {
-            self.exec.plan_in_place(&pod.key.uid, name)
+            self.exec
+                .kept_for_restart(&pod.key.uid, name)
+                .and_then(|kept| match req.wait_for_plan {
+                    true => Ok(kept),
+                    false => Err(NotInPlace::RuntimeCannotWait),
+                })
+                .and_then(|kept| self.start_in_place(&pod, name, &kept).map(|w| (kept, w)))
         };
         info!(container = %req.container_id, pod = %pod.key.name, ?decision, "container OOM-killed");
-        self.cluster.restart_in_place(
-            &pod,
-            name,
-            decision.as_ref().map(|p| p.checkpoint_ref.as_str()),
-        );
         match decision {
-            Ok(plan) => ResponseBody::Plan(plan),
-            Err(why) => ResponseBody::NoPlan {
-                reason: why.to_string(),
+            Ok((kept, wait_ms)) => ResponseBody::Preparing {
+                checkpoint_ref: kept.checkpoint_ref,
+                wait_ms,
             },
+            Err(why) => {
+                self.cluster.restart_in_place(&pod, name, Err(&why));
+                ResponseBody::NoPlan {
+                    reason: why.to_string(),
+                }
+            }
         }
     }
 

@@ -54,11 +54,58 @@ pub struct Config {
     pub check_interval: Duration,
     pub plan_ttl: Duration,
     pub tcp_established: bool,
-    /// Keep each container's latest checkpoint images on the node (restarts in place).
+    /// Keep a reference to each container's latest checkpoint (restarts in place).
     pub keep_latest: bool,
+    /// The node's chunk cache (encrypted chunk objects as the store has them).
+    pub chunk_cache_dir: PathBuf,
+    /// Its bound in bytes; `None`: [`CACHE_SHARE_PERCENT`] of its filesystem; `Some(0)`: none.
+    pub chunk_cache_bytes: Option<u64>,
     pub standalone: bool,
     /// The cloud notice watcher (spot reclaim, preemption, maintenance).
     pub cloud: crate::notice::NoticeSettings,
+}
+
+/// The default bound of the chunk cache: this share of the size of the filesystem that holds it.
+pub const CACHE_SHARE_PERCENT: u64 = 10;
+/// ... and never less than this (a small filesystem still caches a small pod's checkpoint).
+pub const CACHE_MIN_BYTES: u64 = 256 << 20;
+
+/// The chunk cache's bound: the configured one, else [`CACHE_SHARE_PERCENT`] of `fs_bytes` (the
+/// size of the filesystem that holds it, when known), at least [`CACHE_MIN_BYTES`].
+pub fn chunk_cache_bound(configured: Option<u64>, fs_bytes: Option<u64>) -> u64 {
+    configured.unwrap_or_else(|| {
+        fs_bytes.map_or(CACHE_MIN_BYTES, |b| {
+            (b / 100 * CACHE_SHARE_PERCENT).max(CACHE_MIN_BYTES)
+        })
+    })
+}
+
+/// The size of the filesystem holding `dir` (or its nearest existing parent).
+fn filesystem_bytes(dir: &std::path::Path) -> Option<u64> {
+    let existing = dir.ancestors().find(|p| p.exists())?;
+    let st = nix::sys::statvfs::statvfs(existing).ok()?;
+    Some(st.blocks() as u64 * st.fragment_size() as u64)
+}
+
+/// Opens the node's chunk cache and gives it to the store: every checkpoint's chunks are cached
+/// as they upload, and restores (restarts in place first) read it before the bucket. A cache
+/// that cannot be opened is logged and left out: restores then fetch from the bucket.
+fn open_chunk_cache(store: &Store, dir: &std::path::Path, configured: Option<u64>) {
+    let bound = chunk_cache_bound(configured, filesystem_bytes(dir));
+    if bound == 0 {
+        info!("no chunk cache (--chunk-cache-bytes 0): restarts in place fetch from the store");
+        return;
+    }
+    match stasis_store::ChunkCache::open(dir, bound) {
+        Ok(cache) => {
+            let stats = cache.stats();
+            info!(dir = %dir.display(), max_bytes = bound, bytes = stats.bytes, entries = stats.entries, "chunk cache open");
+            store.set_cache(Arc::new(cache));
+        }
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "cannot open the chunk cache; restores fetch from the store")
+        }
+    }
 }
 
 /// Runs the agent on `rt` until `shutdown` (the binary's: SIGTERM or SIGINT).
@@ -67,6 +114,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
     // Ready once the pods of this node are known (at once without Kubernetes).
     let ready = Readiness::default();
     let store = Arc::new(Store::open(&cfg.store)?);
+    open_chunk_cache(&store, &cfg.chunk_cache_dir, cfg.chunk_cache_bytes);
     let client = if cfg.standalone {
         None
     } else {
@@ -248,4 +296,27 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_cache_bound_is_a_share_of_the_filesystem_or_the_flag() {
+        assert_eq!(chunk_cache_bound(Some(5 << 30), Some(100 << 30)), 5 << 30);
+        assert_eq!(
+            chunk_cache_bound(Some(0), Some(100 << 30)),
+            0,
+            "0: no cache"
+        );
+        assert_eq!(chunk_cache_bound(None, Some(100 << 30)), 10 << 30);
+        assert_eq!(chunk_cache_bound(None, Some(1 << 30)), CACHE_MIN_BYTES);
+        assert_eq!(chunk_cache_bound(None, None), CACHE_MIN_BYTES);
+        let here = filesystem_bytes(std::path::Path::new("/no/such/dir/below/root"));
+        assert!(
+            here.is_some_and(|b| b > 0),
+            "the size of / is found: {here:?}"
+        );
+    }
 }

@@ -18,15 +18,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stasis_agent::executor::PrepareJob;
-use stasis_agent::node::{Agent, Busy, Standalone};
 use stasis_node_api::{CheckpointAnswer, Client, FinalCheckpointRequest, PodRef};
 use stasis_store::Key;
 
@@ -49,15 +47,8 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
     std::fs::write(b1.join("rootfs/note.txt"), "written before the checkpoint").unwrap();
 
     // The agent's socket, as stasis-runc's `kill` reaches it.
-    let sock = w.run_dir().join("agent.sock");
-    let listener = stasis_node_api::server::bind(&sock).unwrap();
-    let agent = Arc::new(Agent {
-        exec: exec.clone(),
-        cluster: Arc::new(Standalone),
-        busy: Arc::new(Busy::default()),
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let server = stasis_agent::server::serve(listener, agent.clone(), stop.clone());
+    let server = AgentServer::start(&w, &exec);
+    let sock = server.sock.clone();
 
     let before = last_count(&lines).unwrap();
     let t = Instant::now();
@@ -133,64 +124,8 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
     );
 
     // The shim's calls through the wrapper: create (restores), start (no-op).
-    w.track("c2");
-    let globals = [
-        "--root".to_owned(),
-        w.runc_root.display().to_string(),
-        "--log".to_owned(),
-        w.path("log.json").display().to_string(),
-        "--log-format".to_owned(),
-        "json".to_owned(),
-    ];
-    let wrapper = wrapper_binary().unwrap();
-    let mut child = Command::new(&wrapper)
-        .env("STASIS_RUN_DIR", w.run_dir())
-        .env_remove("STASIS_REAL_RUNC")
-        .env_remove("STASIS_AGENT_SOCKET")
-        .env_remove("STASIS_RUNC_PASSTHROUGH")
-        .args(&globals)
-        .arg("create")
-        .arg("--bundle")
-        .arg(&b2)
-        .arg("--pid-file")
-        .arg(w.path("c2.pid"))
-        .arg("c2")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(w.path("c2.stderr")).unwrap())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    let st = child.wait().unwrap();
-    assert!(
-        st.success(),
-        "create: {st}; log: {}",
-        std::fs::read_to_string(w.path("log.json")).unwrap_or_default()
-    );
-    let st = Command::new(&wrapper)
-        .env("STASIS_RUN_DIR", w.run_dir())
-        .args(&globals)
-        .args(["start", "c2"])
-        .status()
-        .unwrap();
-    assert!(st.success(), "start");
-    let first = loop {
-        let l = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("no line from the restored container");
-        if let Some(c) = count_of(&l) {
-            assert!(l.contains("state=ok"), "{l}");
-            break c;
-        }
-    };
+    let rx = wrapper_create_start(&mut w, &b2, "c2");
+    let first = first_count(&rx);
     eprintln!("restored container's first count: {first} (source counted {before}..{after} around the checkpoint)");
     assert!(
         first > before && first <= after + 1,
@@ -242,9 +177,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
         .join("plans/pod_uid-other-3_counter.json")
         .exists());
 
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    stasis_agent::server::wake(&sock);
-    server.join().unwrap();
+    drop(server);
 }
 
 fn rss_kib(pid: u32, field: &str) -> u64 {

@@ -220,12 +220,21 @@ impl Client {
         }
     }
 
-    /// `container_exited`, within `io_timeout`: a `Plan` when the agent prepared a restore in
-    /// place for the container's restart.
-    pub fn container_exited(&self, req: ContainerExitedRequest) -> Result<PlanAnswer, ClientError> {
+    /// `container_exited`, within `io_timeout`: `Preparing` when the agent is preparing a
+    /// restore in place for the container's restart (only with `wait_for_plan`), `Plan` when it
+    /// prepared one already (agents that predate `preparing`).
+    pub fn container_exited(&self, req: ContainerExitedRequest) -> Result<ExitAnswer, ClientError> {
+        let wait_for_plan = req.wait_for_plan;
         match self.call(RequestBody::ContainerExited(req), self.io_timeout)? {
-            ResponseBody::Plan(p) => Ok(PlanAnswer::Plan(p)),
-            ResponseBody::NoPlan { reason } => Ok(PlanAnswer::NoPlan { reason }),
+            ResponseBody::Plan(p) => Ok(ExitAnswer::Plan(p)),
+            ResponseBody::Preparing {
+                checkpoint_ref,
+                wait_ms,
+            } if wait_for_plan => Ok(ExitAnswer::Preparing {
+                checkpoint_ref,
+                wait_ms,
+            }),
+            ResponseBody::NoPlan { reason } => Ok(ExitAnswer::NoPlan { reason }),
             other => Err(unexpected(&other)),
         }
     }

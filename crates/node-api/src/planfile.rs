@@ -7,6 +7,11 @@
 //! <plans>/<either>.json.consumed                   a plan the wrapper has taken (single use)
 //! <image-dir>/.stasis-verified                     the agent's stamp: this image dir holds the
 //!                                                  verified archive of `checkpoint_ref`
+//! <plans>/pod_<pod-uid>_<container-name>.pending   the runtime's note that the agent is preparing
+//!                                                  a restart in place: `create` waits for the plan
+//!                                                  until `until_unix_ms` (the runtime's side)
+//! <plans>/pod_<pod-uid>_<container-name>.failed    the agent's note that that preparation failed,
+//!                                                  and why: `create` stops waiting (the agent's side)
 //! ```
 //!
 //! The container id is chosen by containerd only when the container is created, so the agent
@@ -106,6 +111,58 @@ pub fn path_for_container(dir: &Path, container_id: &str) -> Option<PathBuf> {
 pub fn path_for_pod(dir: &Path, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
     (safe_component(pod_uid) && safe_component(container_name))
         .then(|| dir.join(format!("pod_{pod_uid}_{container_name}.json")))
+}
+
+/// `<dir>/pod_<pod-uid>_<container-name>.<ext>`: the per-pod name with another extension.
+fn path_for_pod_ext(dir: &Path, pod_uid: &str, container_name: &str, ext: &str) -> Option<PathBuf> {
+    path_for_pod(dir, pod_uid, container_name).map(|p| p.with_extension(ext))
+}
+
+/// A restart in place being prepared: the runtime's `create` of the container waits for its
+/// plan file until `until_unix_ms`, written by the runtime from the agent's `preparing` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    pub v: u32,
+    pub checkpoint_ref: String,
+    pub until_unix_ms: u64,
+}
+
+/// The agent could not prepare the restart in place it said it was preparing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failed {
+    pub v: u32,
+    pub checkpoint_ref: String,
+    pub reason: String,
+}
+
+/// `<dir>/pod_<pod-uid>_<container-name>.pending`.
+pub fn path_for_pending(dir: &Path, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
+    path_for_pod_ext(dir, pod_uid, container_name, "pending")
+}
+
+/// `<dir>/pod_<pod-uid>_<container-name>.failed`.
+pub fn path_for_failed(dir: &Path, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
+    path_for_pod_ext(dir, pod_uid, container_name, "failed")
+}
+
+/// Writes a pending note atomically (the runtime's side, from `preparing`).
+pub fn write_pending(path: &Path, p: &Pending) -> io::Result<()> {
+    write_atomic(path, &serde_json::to_vec(p)?)
+}
+
+/// The pending note, if any (trusted as plan files are: it makes `create` wait).
+pub fn read_pending(path: &Path) -> Result<Option<Pending>, PlanFileError> {
+    read_trusted(path)
+}
+
+/// Writes a failure note atomically (the agent's side).
+pub fn write_failed(path: &Path, f: &Failed) -> io::Result<()> {
+    write_atomic(path, &serde_json::to_vec(f)?)
+}
+
+/// The failure note, if any.
+pub fn read_failed(path: &Path) -> Result<Option<Failed>, PlanFileError> {
+    read_trusted(path)
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PlanFileError + '_ {
@@ -344,6 +401,37 @@ mod tests {
         assert!(matches!(
             read(&p),
             Err(PlanFileError::Version { got: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn pending_and_failed_notes_round_trip_beside_the_plan() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("plans");
+        let pending = path_for_pending(&dir, "0b5c-uid", "app").unwrap();
+        let failed = path_for_failed(&dir, "0b5c-uid", "app").unwrap();
+        assert_eq!(pending, dir.join("pod_0b5c-uid_app.pending"));
+        assert_eq!(failed, dir.join("pod_0b5c-uid_app.failed"));
+        assert!(path_for_pending(&dir, "..", "app").is_none());
+        assert!(read_pending(&pending).unwrap().is_none());
+        let p = Pending {
+            v: PROTOCOL_VERSION,
+            checkpoint_ref: "l/1".into(),
+            until_unix_ms: 7,
+        };
+        write_pending(&pending, &p).unwrap();
+        assert_eq!(read_pending(&pending).unwrap(), Some(p));
+        let f = Failed {
+            v: PROTOCOL_VERSION,
+            checkpoint_ref: "l/1".into(),
+            reason: "chunk missing".into(),
+        };
+        write_failed(&failed, &f).unwrap();
+        assert_eq!(read_failed(&failed).unwrap(), Some(f));
+        std::fs::set_permissions(&failed, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(
+            read_failed(&failed),
+            Err(PlanFileError::Untrusted { .. })
         ));
     }
 

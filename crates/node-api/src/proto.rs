@@ -9,15 +9,19 @@
 //! ← {"v":1,"result":"no_plan","reason":"no PodRestore for this pod"}
 //! → {"v":1,"op":"final_checkpoint","container_id":"c1","deadline_ms":20000}
 //! ← {"v":1,"result":"done","checkpoint_ref":"…"} | {"v":1,"result":"captured","checkpoint_ref":"…"} (with "answer_when_captured":true) | {"v":1,"result":"skipped","reason":"…"} | {"v":1,"result":"failed","reason":"…"}
-//! → {"v":1,"op":"container_exited","container_id":"c1","pod_uid":"…",…,"oom_killed":true}
-//! ← {"v":1,"result":"plan",…} (a restore in place is prepared for the restart) | {"v":1,"result":"no_plan","reason":"…"}
+//! → {"v":1,"op":"container_exited","container_id":"c1","pod_uid":"…",…,"oom_killed":true,"wait_for_plan":true}
+//! ← {"v":1,"result":"preparing","checkpoint_ref":"…","wait_ms":12000} (a restore in place is being prepared: the
+//!   restart's `create` waits for its plan file up to wait_ms) | {"v":1,"result":"plan",…} (prepared already: agents
+//!   before `preparing`) | {"v":1,"result":"no_plan","reason":"…"}
 //! → {"v":1,"op":"report","container_id":"c1","pod_uid":"…",…,"event":{"kind":"restored","checkpoint_ref":"…","restore_ms":180}}
 //!   (no answer: fire and forget)
 //! ← {"v":1,"result":"error","reason":"unsupported protocol version 2"}   (any request the agent cannot serve)
 //! ```
 //!
 //! Compatibility: a peer rejects a message whose `v` it does not speak; fields may be added within
-//! a version (unknown fields are ignored, new fields have defaults).
+//! a version (unknown fields are ignored, new fields have defaults). An answer a peer does not
+//! know (a newer agent's) fails to parse and counts as no plan: a cold start, never a wait. The
+//! agent answers `preparing` only to a runtime that says it can wait (`wait_for_plan`).
 
 use std::path::PathBuf;
 
@@ -72,7 +76,16 @@ pub struct ContainerExitedRequest {
     /// The kernel's OOM killer killed a process of the container (its memory cgroup says so).
     #[serde(default)]
     pub oom_killed: bool,
+    /// The runtime understands a `preparing` answer: its `create` of the restarted container
+    /// waits for the plan. Absent (false) from runtimes that predate it; the agent then never
+    /// answers `preparing`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait_for_plan: bool,
 }
+
+/// The longest a runtime's `create` waits for a restart in place being prepared, whatever the
+/// agent's `preparing` answer says (well inside the kubelet's 2-minute runtime request timeout).
+pub const MAX_PREPARE_WAIT_MS: u64 = 60_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestorePlanRequest {
@@ -165,6 +178,13 @@ pub enum ResponseBody {
     NoPlan {
         reason: String,
     },
+    /// A restore in place of `checkpoint_ref` is being prepared (fetched through the node's
+    /// chunk cache): the plan file appears within `wait_ms`, or a failure note does. Only to a
+    /// `container_exited` with `wait_for_plan`.
+    Preparing {
+        checkpoint_ref: String,
+        wait_ms: u64,
+    },
     /// The final checkpoint is complete and published.
     Done {
         checkpoint_ref: String,
@@ -213,6 +233,21 @@ pub struct Plan {
 pub enum PlanAnswer {
     Plan(Plan),
     NoPlan { reason: String },
+}
+
+/// The answer to a `container_exited` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitAnswer {
+    /// The plan file is written already.
+    Plan(Plan),
+    /// The plan is being prepared: wait for it at most `wait_ms`.
+    Preparing {
+        checkpoint_ref: String,
+        wait_ms: u64,
+    },
+    NoPlan {
+        reason: String,
+    },
 }
 
 /// The answer to a `final_checkpoint` request.
@@ -343,6 +378,20 @@ mod tests {
                 },
             }),
         ];
+        let reqs = reqs.into_iter().chain([
+            RequestBody::ContainerExited(ContainerExitedRequest {
+                container_id: "c".into(),
+                pod: pod(),
+                oom_killed: true,
+                wait_for_plan: true,
+            }),
+            RequestBody::ContainerExited(ContainerExitedRequest {
+                container_id: "c".into(),
+                pod: pod(),
+                oom_killed: true,
+                wait_for_plan: false,
+            }),
+        ]);
         for b in reqs {
             let r = Request::new(b);
             let s = serde_json::to_string(&r).unwrap();
@@ -358,6 +407,10 @@ mod tests {
             ResponseBody::Captured {
                 checkpoint_ref: "r".into(),
                 end_with_kill: true,
+            },
+            ResponseBody::Preparing {
+                checkpoint_ref: "l/1".into(),
+                wait_ms: 9_000,
             },
             ResponseBody::Skipped { reason: "s".into() },
             ResponseBody::Failed { reason: "f".into() },
@@ -404,6 +457,67 @@ mod tests {
                 container_id: "c".into(),
                 pod: PodRef::default()
             })
+        );
+    }
+
+    /// The restart in place across versions: an old runtime's `container_exited` (no
+    /// `wait_for_plan`) reads as one that cannot wait, so a new agent never answers it
+    /// `preparing`; a new runtime's request reads in an old agent (the field ignored), whose
+    /// `plan` / `no_plan` answers the new runtime still takes; and an old runtime that got a
+    /// `preparing` anyway fails to parse it (no plan: a cold start), as it would any answer it
+    /// does not know.
+    #[test]
+    fn preparing_between_old_and_new_peers() {
+        let old_request = r#"{"v":1,"op":"container_exited","container_id":"c","pod_uid":"u","container_name":"app","oom_killed":true}"#;
+        match serde_json::from_str::<Request>(old_request).unwrap().body {
+            RequestBody::ContainerExited(c) => assert!(c.oom_killed && !c.wait_for_plan),
+            other => panic!("{other:?}"),
+        }
+        let new_request = serde_json::to_string(&Request::new(RequestBody::ContainerExited(
+            ContainerExitedRequest {
+                container_id: "c".into(),
+                pod: pod(),
+                oom_killed: true,
+                wait_for_plan: true,
+            },
+        )))
+        .unwrap();
+        assert!(
+            new_request.ends_with(r#""oom_killed":true,"wait_for_plan":true}"#),
+            "{new_request}"
+        );
+        // The old agent's view of the new request: its type had no `wait_for_plan`.
+        #[derive(Deserialize)]
+        struct OldExited {
+            container_id: String,
+            #[serde(default)]
+            oom_killed: bool,
+        }
+        let old: OldExited = serde_json::from_str(&new_request).unwrap();
+        assert!(old.oom_killed && old.container_id == "c");
+
+        let preparing = serde_json::to_string(&Response::new(ResponseBody::Preparing {
+            checkpoint_ref: "l/1".into(),
+            wait_ms: 9_000,
+        }))
+        .unwrap();
+        assert_eq!(
+            preparing,
+            r#"{"v":1,"result":"preparing","checkpoint_ref":"l/1","wait_ms":9000}"#
+        );
+        // The old runtime's view of `preparing`: its answers were plan | no_plan | ... only.
+        #[derive(Debug, Deserialize)]
+        #[serde(tag = "result", rename_all = "snake_case")]
+        #[allow(dead_code)]
+        enum OldAnswer {
+            Plan(Plan),
+            NoPlan { reason: String },
+        }
+        assert!(serde_json::from_str::<OldAnswer>(&preparing).is_err());
+        // And an answer this runtime does not know fails to parse the same way.
+        assert!(
+            serde_json::from_str::<Response>(r#"{"v":1,"result":"streaming","wait_ms":1}"#)
+                .is_err()
         );
     }
 }

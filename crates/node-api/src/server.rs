@@ -217,6 +217,12 @@ mod tests {
                 checkpoint_ref: format!("ref-{}", f.container_id),
                 end_with_kill: f.container_id == "job",
             },
+            RequestBody::ContainerExited(c) if c.oom_killed && c.wait_for_plan => {
+                ResponseBody::Preparing {
+                    checkpoint_ref: "l/1".into(),
+                    wait_ms: 9_000,
+                }
+            }
             RequestBody::ContainerExited(c) if c.oom_killed => ResponseBody::Plan(plan()),
             RequestBody::ContainerExited(_) => ResponseBody::NoPlan {
                 reason: "not OOM-killed".into(),
@@ -230,16 +236,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let srv = TestServer::start(dir.path().join("a.sock"), agent).unwrap();
         let c = Client::new(srv.path());
-        let ask = |oom| {
+        let ask = |oom, wait_for_plan| {
             c.container_exited(ContainerExitedRequest {
                 container_id: "c1".into(),
                 pod: PodRef::default(),
                 oom_killed: oom,
+                wait_for_plan,
             })
             .unwrap()
         };
-        assert_eq!(ask(true), PlanAnswer::Plan(plan()));
-        assert!(matches!(ask(false), PlanAnswer::NoPlan { .. }));
+        assert_eq!(
+            ask(true, true),
+            ExitAnswer::Preparing {
+                checkpoint_ref: "l/1".into(),
+                wait_ms: 9_000
+            }
+        );
+        assert_eq!(ask(true, false), ExitAnswer::Plan(plan()));
+        assert!(matches!(ask(false, true), ExitAnswer::NoPlan { .. }));
     }
 
     #[test]

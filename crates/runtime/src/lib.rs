@@ -17,5 +17,6 @@ pub mod argv;
 pub mod bundle;
 pub mod config;
 pub mod decide;
+pub mod inplace;
 pub mod runlog;
 pub mod wrapper;

@@ -20,14 +20,16 @@ use stasis_core::time::now_ms;
 use stasis_engine::image::ImageDir;
 use stasis_node_api::planfile::{self, PlanFile};
 use stasis_node_api::{
-    CheckpointAnswer, Client, ColdStartCause, ContainerExitedRequest, FinalCheckpointRequest,
-    PlanAnswer, PodRef, ReportEvent, ReportRequest, RestorePlanRequest, PROTOCOL_VERSION,
+    CheckpointAnswer, Client, ColdStartCause, ContainerExitedRequest, ExitAnswer,
+    FinalCheckpointRequest, PlanAnswer, PodRef, ReportEvent, ReportRequest, RestorePlanRequest,
+    PROTOCOL_VERSION,
 };
 
 use crate::argv::{self, Command as RuncCommand, CreateArgs, Invocation, KillArgs};
 use crate::bundle::{self, ContainerKind};
 use crate::config::Config;
 use crate::decide::{self, ImageFacts, Precheck};
+use crate::inplace::{self, Waited};
 use crate::runlog::{self, Level};
 
 /// runc's default state root (for `kill` reading runc's state when `--root` is absent).
@@ -151,10 +153,12 @@ impl Ctx {
         for p in candidates.into_iter().flatten() {
             match planfile::read(&p) {
                 Ok(Some(plan)) => {
+                    // A restart in place prepared before this create: its wait is over.
+                    inplace::clear_pending(&dir, &pod.pod_uid, &pod.container_name);
                     return Lookup::Found {
                         plan,
                         file: Some(p),
-                    }
+                    };
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -165,6 +169,44 @@ impl Ctx {
                         expected: false,
                     }
                 }
+            }
+        }
+        // A restart in place the agent is preparing: wait for its plan (bounded by its answer).
+        let missing = |cause, reason| Lookup::Missing {
+            cause,
+            reason,
+            skip_report: false,
+            expected: false,
+        };
+        match inplace::wait_for_plan(&dir, &pod.pod_uid, &pod.container_name, now_ms()) {
+            Waited::NotPending => {}
+            Waited::Plan { plan, file } => {
+                return Lookup::Found {
+                    plan,
+                    file: Some(file),
+                }
+            }
+            Waited::Unusable { reason } => return missing(ColdStartCause::PlanRefused, reason),
+            // The agent said why with its own Event when it wrote the note.
+            Waited::Failed(f) => {
+                return Lookup::Missing {
+                    cause: ColdStartCause::RestoreFailed,
+                    reason: format!(
+                        "the restart in place from {} could not be prepared: {}",
+                        f.checkpoint_ref, f.reason
+                    ),
+                    skip_report: true,
+                    expected: false,
+                }
+            }
+            Waited::TimedOut {
+                checkpoint_ref,
+                waited_ms,
+            } => {
+                return missing(
+                    ColdStartCause::Other,
+                    format!("the restart in place from {checkpoint_ref} was not prepared within {waited_ms} ms"),
+                )
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -630,8 +672,10 @@ impl Ctx {
     }
 
     /// An app container killed by the OOM killer: tell the agent before runc deletes its state
-    /// and cgroup (the only place that still says so), so that the restore in place is prepared
-    /// before the kubelet's restart calls `create`. Bounded (500 ms); a missing agent is quiet.
+    /// and cgroup (the only place that still says so). The agent answers at once that it is
+    /// preparing the restore in place; the note of it makes the restart's `create` wait for the
+    /// plan (`inplace`). Bounded (500 ms); a missing agent is quiet; an answer this runtime does
+    /// not know is no plan (a cold start).
     fn tell_exit(&self, id: &str) {
         let Some((raw, kind)) = self.runc_state(id) else {
             return;
@@ -645,16 +689,40 @@ impl Ctx {
                     container_id: id.to_owned(),
                     pod: pod_of(&kind),
                     oom_killed: true,
+                    wait_for_plan: true,
                 });
         match answer {
-            Ok(PlanAnswer::Plan(p)) => self.log(
+            Ok(ExitAnswer::Preparing {
+                checkpoint_ref,
+                wait_ms,
+            }) => {
+                let pod = pod_of(&kind);
+                match inplace::record_pending(
+                    &self.cfg.plans_dir(),
+                    &pod.pod_uid,
+                    &pod.container_name,
+                    &checkpoint_ref,
+                    wait_ms,
+                    now_ms(),
+                ) {
+                    Ok(bound) => self.log(
+                        Level::Info,
+                        &format!("{id} was OOM-killed: the agent is preparing its restart in place from {checkpoint_ref}; its create waits up to {bound} ms for it"),
+                    ),
+                    Err(e) => self.log(
+                        Level::Warning,
+                        &format!("{id} was OOM-killed; its restart cannot wait for the restore in place being prepared ({e}) and may start cold"),
+                    ),
+                }
+            }
+            Ok(ExitAnswer::Plan(p)) => self.log(
                 Level::Info,
                 &format!(
                     "{id} was OOM-killed: its restart restores {} in place",
                     p.checkpoint_ref
                 ),
             ),
-            Ok(PlanAnswer::NoPlan { reason }) => self.log(
+            Ok(ExitAnswer::NoPlan { reason }) => self.log(
                 Level::Info,
                 &format!("{id} was OOM-killed; its restart starts cold: {reason}"),
             ),

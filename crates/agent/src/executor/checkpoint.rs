@@ -1,5 +1,5 @@
 //! A checkpoint: resolve the container, fence, capture, draft the manifest, upload, fence
-//! again, keep the images for a restart in place.
+//! again, keep the reference for a restart in place.
 
 use super::kept::KeptLatest;
 use super::*;
@@ -162,21 +162,23 @@ impl Executor {
         let upload_ms = ms(t);
         let reference = manifest.reference();
         let verdict = fence();
+        // The images go with the scratch directory, as for any checkpoint: what stays on the
+        // node for a restart in place is the reference (its chunks are in the chunk cache,
+        // encrypted as in the store).
+        drop(scratch);
         if self.cfg.keep_latest && !matches!(verdict, Verdict::Fenced(_)) {
             let kept = KeptLatest {
                 checkpoint_ref: reference.to_string(),
                 rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
                 tcp_established: self.cfg.tcp_established,
+                namespace: job.namespace.clone(),
+                manifest_digest: Some(crate::fence::manifest_digest(&manifest)),
+                bytes: manifest.stats.logical_bytes,
+                image_digest: manifest.requirements.image_digest.clone(),
             };
-            let gpu = (
-                manifest.requirements.node.gpu.as_ref(),
-                manifest.gpu_processes,
-            );
-            if let Err(e) = self.keep_latest(scratch, &pod.pod_uid, &container_name, &kept, gpu) {
-                warn!(%reference, error = %e, "could not keep the checkpoint's images on the node");
+            if let Err(e) = self.keep_latest(&pod.pod_uid, &container_name, &kept) {
+                warn!(%reference, error = %e, "could not keep the checkpoint's reference on the node");
             }
-        } else {
-            drop(scratch);
         }
         if let Verdict::Fenced(why) = &verdict {
             warn!(%reference, %why, "fenced after upload: deleting the manifest");

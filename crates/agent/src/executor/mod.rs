@@ -5,7 +5,8 @@
 //!
 //! - `checkpoint`: a checkpoint (capture, manifest, upload, fence);
 //! - `prepare`: a restore's preparation (checks, fetch, verify, plan file);
-//! - `kept`: the latest checkpoint kept on the node for a restart in place;
+//! - `kept`: the reference to the latest checkpoint kept on the node, and the restart in place
+//!   prepared from it;
 //! - `plans`: the plan files the wrapper reads, and the sweep of stale ones.
 
 mod checkpoint;
@@ -13,7 +14,7 @@ mod kept;
 mod plans;
 mod prepare;
 
-pub use kept::NotInPlace;
+pub use kept::{KeptLatest, NotInPlace};
 pub use prepare::{check_compatible, verify_digest};
 
 use std::collections::BTreeMap;
@@ -50,8 +51,9 @@ pub struct ExecutorConfig {
     pub plan_ttl: Duration,
     /// Dump established TCP connections (`--tcp-established`).
     pub tcp_established: bool,
-    /// Keep each container's latest checkpoint images (`<images>/<pod-uid>/.latest-<container>`)
-    /// after the upload, for a restart in place (an OOM kill) without a fetch.
+    /// Keep a reference to each container's latest checkpoint
+    /// (`<images>/<pod-uid>/.latest-<container>/.stasis-latest.json`, no images) for a restart
+    /// in place after an OOM kill, fetched through the node's chunk cache.
     pub keep_latest: bool,
 }
 
@@ -203,18 +205,6 @@ impl Scratch {
     }
 }
 
-impl Scratch {
-    /// Keeps the directory: moves it to `to` (same filesystem), replacing what is there.
-    fn keep(self, to: &Path) -> Result<()> {
-        if to.exists() {
-            std::fs::remove_dir_all(to).map_err(AgentError::io(to))?;
-        }
-        let r = std::fs::rename(&self.0, to).map_err(AgentError::io(to));
-        drop(self);
-        r
-    }
-}
-
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -267,4 +257,43 @@ impl Executor {
             ),
         }
     }
+}
+
+/// An executor on a `file://` store under `dir` (with `store` when given), for unit tests: no
+/// runc root, no cluster.
+#[cfg(test)]
+pub(crate) fn test_executor(
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+    store: Option<Store>,
+    key: Key,
+) -> Executor {
+    let store = store.unwrap_or_else(|| {
+        Store::open(&format!("file://{}", dir.join("store").display())).unwrap()
+    });
+    Executor::new(
+        ExecutorConfig {
+            runc_root: dir.join("runc"),
+            work_dir: dir.join("work"),
+            images_dir: dir.join("images"),
+            plans_dir: dir.join("plans"),
+            node_name: "n".into(),
+            plan_ttl: Duration::from_secs(60),
+            tcp_established: true,
+            keep_latest: true,
+        },
+        Arc::new(store),
+        Arc::new(StaticKey(key)),
+        rt.handle().clone(),
+        Arc::new(Metrics::default()),
+    )
+}
+
+/// A current-thread runtime for [`test_executor`].
+#[cfg(test)]
+pub(crate) fn test_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }

@@ -20,6 +20,18 @@ impl Executor {
         container_name: &str,
         plan: &Plan,
     ) -> Result<PathBuf> {
+        let expires = now_ms() + self.cfg.plan_ttl.as_millis() as u64;
+        self.write_plan_until(pod_uid, container_name, plan, expires)
+    }
+
+    /// [`Executor::write_plan`], valid until `expires_at_unix_ms`.
+    pub(super) fn write_plan_until(
+        &self,
+        pod_uid: &str,
+        container_name: &str,
+        plan: &Plan,
+        expires_at_unix_ms: u64,
+    ) -> Result<PathBuf> {
         let path = planfile::path_for_pod(&self.cfg.plans_dir, pod_uid, container_name)
             .ok_or_else(|| AgentError::Invalid("no plan path for this pod".into()))?;
         private_dir(&self.cfg.plans_dir)?;
@@ -31,7 +43,7 @@ impl Executor {
                 pod_uid: Some(pod_uid.to_owned()),
                 container_name: Some(container_name.to_owned()),
                 plan: plan.clone(),
-                expires_at_unix_ms: Some(now_ms() + self.cfg.plan_ttl.as_millis() as u64),
+                expires_at_unix_ms: Some(expires_at_unix_ms),
             },
         )
         .map_err(AgentError::io(&path))?;
@@ -93,8 +105,40 @@ impl Executor {
                 if !live_pod_uids.contains(&uid) {
                     info!(pod_uid = %uid, "removing the restore images of a pod no longer here");
                     let _ = std::fs::remove_dir_all(e.path());
+                } else {
+                    purge_kept_images(&e.path());
                 }
             }
+        }
+    }
+}
+
+/// Removes everything but the reference and the restore-loop marker from the `.latest-*`
+/// directories of a pod's images: the memory images that agents before the chunk cache kept
+/// there for restarts in place.
+fn purge_kept_images(pod_dir: &std::path::Path) {
+    let Ok(rd) = std::fs::read_dir(pod_dir) else {
+        return;
+    };
+    for kept in rd.flatten() {
+        if !kept.file_name().to_string_lossy().starts_with(".latest-") {
+            continue;
+        }
+        let Ok(inner) = std::fs::read_dir(kept.path()) else {
+            continue;
+        };
+        for e in inner.flatten() {
+            let name = e.file_name();
+            if name == super::kept::KEPT_LATEST || name == super::kept::RESTORED_IN_PLACE {
+                continue;
+            }
+            info!(path = %e.path().display(), "removing a memory image kept by an older agent");
+            let p = e.path();
+            let _ = if p.is_dir() && !p.is_symlink() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
         }
     }
 }
@@ -103,35 +147,14 @@ impl Executor {
 mod tests {
     use super::*;
     use crate::executor::NotInPlace;
-    use crate::metrics::Metrics;
-    use stasis_store::{Key, Store};
+    use stasis_store::Key;
     use std::collections::HashSet;
-    use std::sync::Arc;
-    use std::time::Duration;
 
     #[test]
     fn plans_are_found_swept_and_forgotten() {
         let t = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let exec = Executor::new(
-            ExecutorConfig {
-                runc_root: t.path().join("runc"),
-                work_dir: t.path().join("work"),
-                images_dir: t.path().join("images"),
-                plans_dir: t.path().join("plans"),
-                node_name: "n".into(),
-                plan_ttl: Duration::from_secs(60),
-                tcp_established: true,
-                keep_latest: true,
-            },
-            Arc::new(Store::open(&format!("file://{}", t.path().join("store").display())).unwrap()),
-            Arc::new(StaticKey(Key::random())),
-            rt.handle().clone(),
-            Arc::new(Metrics::default()),
-        );
+        let rt = test_runtime();
+        let exec = test_executor(t.path(), &rt, None, Key::random());
         private_dir(&exec.cfg.plans_dir).unwrap();
         let plan = |expires: u64| PlanFile {
             v: PROTOCOL_VERSION,
@@ -180,14 +203,14 @@ mod tests {
 
         // A restart in place: nothing kept is said as such, and a damaged record as damaged.
         assert!(matches!(
-            exec.plan_in_place("live", "app"),
+            exec.kept_for_restart("live", "app"),
             Err(NotInPlace::NothingKept)
         ));
         let kept = exec.kept_dir("live", "app").unwrap();
         std::fs::create_dir_all(&kept).unwrap();
         std::fs::write(kept.join(".stasis-latest.json"), b"{not json").unwrap();
-        let e = exec.plan_in_place("live", "app").unwrap_err();
+        let e = exec.kept_for_restart("live", "app").unwrap_err();
         assert!(matches!(e, NotInPlace::Unreadable { .. }), "{e}");
-        assert!(exec.plan_in_place("../x", "app").is_err());
+        assert!(exec.kept_for_restart("../x", "app").is_err());
     }
 }

@@ -15,18 +15,42 @@ use tracing::info;
 
 use crate::error::{AgentError, Result};
 
+/// A checkpoint fetched, verified and stamped in a pod's restore directory, its plan not
+/// written yet.
+pub(super) struct Fetched {
+    pub(super) plan: Plan,
+    pub(super) container_name: String,
+    pub(super) fetch_ms: u64,
+    pub(super) bytes: u64,
+}
+
 impl Executor {
     /// Fetches, verifies and unpacks a checkpoint for a pod on this node and writes the plan
     /// file the wrapper reads. Compatibility (node, image, declared versions) and the spec hash
     /// are checked before anything is fetched.
     pub fn prepare(&self, job: &PrepareJob) -> Result<Prepared> {
-        let r = self.prepare_inner(job);
+        let f = self.fetch_counted(job)?;
+        let plan_path = self.write_plan(&job.pod_uid, &f.container_name, &f.plan)?;
+        info!(checkpoint_ref = %f.plan.checkpoint_ref, pod_uid = %job.pod_uid, container = %f.container_name, fetch_ms = f.fetch_ms, "restore prepared");
+        Ok(Prepared {
+            checkpoint_ref: f.plan.checkpoint_ref,
+            container_name: f.container_name,
+            image_dir: f.plan.image_dir,
+            plan_path,
+            fetch_ms: f.fetch_ms,
+            bytes: f.bytes,
+        })
+    }
+
+    /// [`Executor::fetch_verified`], counted in the metrics.
+    pub(super) fn fetch_counted(&self, job: &PrepareJob) -> Result<Fetched> {
+        let r = self.fetch_verified(job);
         crate::mem::trim();
         match &r {
-            Ok(p) => {
+            Ok(f) => {
                 self.metrics.restore("prepared");
-                self.metrics.fetched_bytes(p.bytes);
-                self.metrics.phase_ms("fetch", p.fetch_ms);
+                self.metrics.fetched_bytes(f.bytes);
+                self.metrics.phase_ms("fetch", f.fetch_ms);
             }
             Err(e) => {
                 self.metrics.restore("failed");
@@ -36,7 +60,10 @@ impl Executor {
         r
     }
 
-    fn prepare_inner(&self, job: &PrepareJob) -> Result<Prepared> {
+    /// The checks, then the fetch into `<images>/<pod-uid>/<container>` (through the chunk
+    /// cache when the store has one), the digest check, the verification stamp and the GPU
+    /// record: everything a plan needs but the plan file.
+    fn fetch_verified(&self, job: &PrepareJob) -> Result<Fetched> {
         if !safe_component(&job.pod_uid) {
             return Err(AgentError::Invalid(format!(
                 "pod uid {:?} is not a safe path component",
@@ -110,22 +137,14 @@ impl Executor {
             .labels
             .get(label::TCP_ESTABLISHED)
             .is_none_or(|v| v == "true");
-        let plan_path = self.write_plan(
-            &job.pod_uid,
-            &container_name,
-            &Plan {
-                image_dir: image_dir.clone(),
+        Ok(Fetched {
+            plan: Plan {
+                image_dir,
                 rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
-                checkpoint_ref: checkpoint_ref.clone(),
+                checkpoint_ref,
                 tcp_established: tcp,
             },
-        )?;
-        info!(%checkpoint_ref, pod_uid = %job.pod_uid, container = %container_name, fetch_ms, "restore prepared");
-        Ok(Prepared {
-            checkpoint_ref,
             container_name,
-            image_dir,
-            plan_path,
             fetch_ms,
             bytes: manifest.logical_bytes(),
         })
@@ -183,12 +202,16 @@ pub fn check_compatible(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use stasis_core::{CheckpointId, Requirements, Source, WorkloadName, SCHEMA_VERSION};
     use stasis_store::Key;
 
-    fn manifest(labels: &[(&str, &str)], declared: &[(&str, &str)]) -> Manifest {
+    /// A manifest of this node's checkpoint (also the restart in place's tests).
+    pub(in crate::executor) fn manifest(
+        labels: &[(&str, &str)],
+        declared: &[(&str, &str)],
+    ) -> Manifest {
         Manifest {
             schema_version: SCHEMA_VERSION,
             workload: WorkloadName::new("default_pod_x.0000beef").unwrap(),

@@ -4,12 +4,17 @@
 //! runtimes.
 #![allow(dead_code)] // each test file uses part of it
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use stasis_agent::executor::{Executor, ExecutorConfig, StaticKey};
 use stasis_agent::metrics::Metrics;
+use stasis_agent::node::{Agent, Busy, Standalone};
 use stasis_store::{Key, Store};
 use stasis_testkit::{bundle, workspace_binary, Requirements};
 
@@ -77,4 +82,110 @@ pub fn current_thread_runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// The shim's calls through `stasis-runc` for container `id` of `bundle`: `create` (a restore
+/// when a plan is there for it), then `start`; the container's stdout lines. Panics with runc's
+/// log when either fails.
+pub fn wrapper_create_start(w: &mut World, bundle: &Path, id: &str) -> mpsc::Receiver<String> {
+    w.track(id);
+    let globals = [
+        "--root".to_owned(),
+        w.runc_root.display().to_string(),
+        "--log".to_owned(),
+        w.path("log.json").display().to_string(),
+        "--log-format".to_owned(),
+        "json".to_owned(),
+    ];
+    let wrapper = wrapper_binary().unwrap();
+    let mut child = Command::new(&wrapper)
+        .env("STASIS_RUN_DIR", w.run_dir())
+        .env_remove("STASIS_REAL_RUNC")
+        .env_remove("STASIS_AGENT_SOCKET")
+        .env_remove("STASIS_RUNC_PASSTHROUGH")
+        .args(&globals)
+        .arg("create")
+        .arg("--bundle")
+        .arg(bundle)
+        .arg("--pid-file")
+        .arg(w.path(&format!("{id}.pid")))
+        .arg(id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(w.path(&format!("{id}.stderr"))).unwrap())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let st = child.wait().unwrap();
+    assert!(
+        st.success(),
+        "create: {st}; log: {}",
+        std::fs::read_to_string(w.path("log.json")).unwrap_or_default()
+    );
+    let st = Command::new(&wrapper)
+        .env("STASIS_RUN_DIR", w.run_dir())
+        .args(&globals)
+        .args(["start", id])
+        .status()
+        .unwrap();
+    assert!(st.success(), "start");
+    rx
+}
+
+/// The first count a (restored) container prints, which must say `state=ok`.
+pub fn first_count(rx: &mpsc::Receiver<String>) -> u64 {
+    loop {
+        let l = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("no line from the restored container");
+        if let Some(c) = count_of(&l) {
+            assert!(l.contains("state=ok"), "{l}");
+            return c;
+        }
+    }
+}
+
+/// The agent's node-api server (standalone cluster) on `<run dir>/agent.sock`, where
+/// `stasis-runc` reaches it.
+pub struct AgentServer {
+    pub sock: PathBuf,
+    stop: Arc<AtomicBool>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl AgentServer {
+    pub fn start(w: &World, exec: &Arc<Executor>) -> Self {
+        let sock = w.run_dir().join("agent.sock");
+        let listener = stasis_node_api::server::bind(&sock).unwrap();
+        let agent = Arc::new(Agent {
+            exec: exec.clone(),
+            cluster: Arc::new(Standalone),
+            busy: Arc::new(Busy::default()),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let server = stasis_agent::server::serve(listener, agent, stop.clone());
+        Self {
+            sock,
+            stop,
+            server: Some(server),
+        }
+    }
+}
+
+impl Drop for AgentServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        stasis_agent::server::wake(&self.sock);
+        if let Some(s) = self.server.take() {
+            let _ = s.join();
+        }
+    }
 }
