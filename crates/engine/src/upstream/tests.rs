@@ -1,7 +1,7 @@
 use super::writer::Writer;
 use super::*;
-use std::path::PathBuf;
 use crate::tarball::Header;
+use std::path::PathBuf;
 
 const T: u64 = 1_764_547_200;
 
