@@ -120,9 +120,10 @@ attacker_pod() {
 restored_from() { kubectl -n "$NS" get prestore "$1" -o jsonpath='{.spec.checkpointRef} {.status.phase} {.status.message}' 2>/dev/null; }
 # wait until the pod's decision has been handled by the controller (reported) or N seconds pass
 settle() { retry "$3" bash -c "[ -n \"\$(kubectl -n $1 get pod $2 -o jsonpath='{.metadata.annotations.stasis\\.dev/decision-reported}')\" ]" || true; sleep 3; }
-ask() { # ask TOKEN?: the attacker pod GETs the victim's restore status; prints "status N" and the body
+ask() { # ask TOKEN? [UID]: the attacker pod GETs the victim's restore status (with UID: the
+  # path the wait container asks, /v1/restores/<ns>/<pod>/<uid>); prints "status N" and the body
   local b=(); [ "$1" = token ] && b=(--bearer /var/run/stasis/token)
-  kubectl -n "$NSA" exec client -- /testapp request "${b[@]}" GET "$STATUS_URL/v1/restores/$NS/$V" 2>&1
+  kubectl -n "$NSA" exec client -- /testapp request "${b[@]}" GET "$STATUS_URL/v1/restores/$NS/$V${2:+/$2}" 2>&1
 }
 
 # (for the checks that run them under bash -c)
@@ -191,6 +192,13 @@ for how in no-credentials token; do
   if [ -z "$lk" ]; then pass "M4: asked from $NSA ($how), the status endpoint reveals no lineage or checkpoint id"
   else fail "M4: asked from $NSA ($how), the status endpoint reveals no lineage or checkpoint id" "it answered $lk"; fi
 done
+# with a guessed UID, and about a pod that does not exist: the same answer (no oracle)
+GUESS=$(ask none "$(cat /proc/sys/kernel/random/uuid)" | tr '\n' ' ')
+NOPOD=$(V=no-such-pod ask none "$(cat /proc/sys/kernel/random/uuid)" | tr '\n' ' ')
+echo "# GET .../$NS/$V/<guessed UID>: $GUESS; .../$NS/no-such-pod/<UID>: $NOPOD"
+if [ "$GUESS" = "$NOPOD" ] && grep -q 'status 404' <<<"$GUESS"; then
+  pass "M4: a guessed UID gets the answer of a pod that does not exist (404)"
+else fail "M4: a guessed UID gets the answer of a pod that does not exist (404)" "$GUESS / $NOPOD"; fi
 
 # ------------------------------------------------------------------ H1
 echo "# --- H1: the claim token and decision of a restored pod on dev's own pod"

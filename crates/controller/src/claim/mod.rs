@@ -221,7 +221,29 @@ pub async fn claim_and_decide(
                     None => (None, None),
                 },
                 Mode::Commit { prediction, .. } => {
-                    commit_claim(&recs, &mut lineages, workload, token, prediction)
+                    let (mut claimed, mut displaced) =
+                        commit_claim(&recs, &mut lineages, workload, token, prediction);
+                    if displaced.is_some() && prediction.restore {
+                        // Two pods admitted at once are predicted the same lineage: the one
+                        // committed second may restore another orphaned lineage of the
+                        // workload instead, if its checkpoint's node fits the node
+                        // requirements the pod was admitted with.
+                        let mut trial = lineages.clone();
+                        if let Some(c) = claim(&mut trial, workload, token) {
+                            if let RestoreChoice::Checkpoint { id, .. } = &c.choice {
+                                let node = node_of(&checkpoints, &format!("{}/{id}", c.lineage));
+                                let i = trial.iter().position(|l| l.id == c.lineage);
+                                if let (Some(i), true) =
+                                    (i, fits_node(at.client, pod, node.as_deref()).await?)
+                                {
+                                    lineages = trial;
+                                    claimed = Some((i, c));
+                                    displaced = None;
+                                }
+                            }
+                        }
+                    }
+                    (claimed, displaced)
                 }
             };
         let (mut record, source) = match claimed {
@@ -352,6 +374,51 @@ fn commit_claim(
             "lineage {want}, which this pod was admitted to continue, was taken by {by} first"
         )),
     )
+}
+
+/// The node that took checkpoint `reference` (`<lineage>/<id>`), from its `PodCheckpoint`.
+fn node_of(checkpoints: &[PodCheckpoint], reference: &str) -> Option<String> {
+    checkpoints
+        .iter()
+        .filter_map(|c| c.status.as_ref())
+        .find(|s| s.checkpoint_ref.as_deref() == Some(reference))
+        .and_then(|s| s.node.clone())
+}
+
+/// Whether `node` has the CPU architecture and GPU driver branch the pod's required node
+/// affinity asks for (what the webhook added for the checkpoint it predicted); a pod that asks
+/// for neither fits anywhere, a node that is unknown or gone fits no such pod.
+async fn fits_node(client: &Client, pod: &Pod, node: Option<&str>) -> Result<bool> {
+    let keys = [names::node::CPU_ARCH, names::node::GPU_DRIVER_BRANCH];
+    let wanted: Vec<(String, Vec<String>)> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .into_iter()
+        .flat_map(|r| r.node_selector_terms.iter())
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .filter(|e| e.operator == "In" && keys.contains(&e.key.as_str()))
+        .map(|e| (e.key.clone(), e.values.clone().unwrap_or_default()))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(true);
+    }
+    let Some(node) = node else { return Ok(false) };
+    let Some(n) = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get_opt(node)
+        .await?
+    else {
+        return Ok(false);
+    };
+    let labels = n.labels();
+    Ok(wanted
+        .iter()
+        .all(|(k, vs)| labels.get(k).is_some_and(|v| vs.contains(v))))
 }
 
 /// The outcome of a claim committed earlier, from its record.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use kube::runtime::controller::Action;
+use kube::ResourceExt;
 use serde_json::json;
 use stasis_api::names;
 use stasis_core::lineage::{Lineage, LineageCheckpoint};
@@ -155,6 +156,14 @@ fn context(client: kube::Client) -> Arc<crate::reconcile::Context> {
     .context(client)
 }
 
+/// The record whose registered holder is `uid`.
+fn held_by<'a>(records: &'a [Record], uid: &str) -> &'a Record {
+    records
+        .iter()
+        .find(|r| r.holder_uid() == Some(uid))
+        .unwrap_or_else(|| panic!("a record held by {uid}: {records:#?}"))
+}
+
 /// Review H2: a forged AdmissionReview for a real workload (its owners' UIDs known) with an
 /// orphaned lineage changes no record; the real replacement, reconciled after, restores from
 /// that lineage. Before the prediction/commit split the review claimed the lineage (generation
@@ -251,12 +260,7 @@ async fn of_two_pods_predicted_the_same_lineage_one_restores_and_the_other_start
         .unwrap();
     let records = stored_records(&store);
     assert_eq!(records.len(), 2, "{records:#?}");
-    let of = |uid: &str| {
-        records
-            .iter()
-            .find(|r| r.holder_uid() == Some(uid))
-            .unwrap_or_else(|| panic!("a record held by {uid}: {records:#?}"))
-    };
+    let of = |uid: &str| held_by(&records, uid);
     assert_eq!(of("uid-a").lineage.id, l.lineage.id);
     assert!(of("uid-a").holder.as_ref().unwrap().restore.is_some());
     let rb = of("uid-b");
@@ -307,6 +311,89 @@ async fn of_two_pods_predicted_the_same_lineage_one_restores_and_the_other_start
     assert!(
         !w.iter()
             .any(|(m, p, _)| p.ends_with("/events") || m == "PUT"),
+        "{w:#?}"
+    );
+}
+
+/// Two pods admitted at once for a workload with two orphaned lineages are both predicted the
+/// newest: the one committed second restores the other lineage (its checkpoint's node fits the
+/// pod's node requirements), as when each admission claimed in turn; no Warning.
+#[tokio::test]
+async fn the_pod_committed_second_restores_another_orphaned_lineage_that_fits() {
+    let l1 = orphaned_lineage();
+    let w = WorkloadName::new("prod_deploy_web").unwrap();
+    let mut lineage = Lineage::start(&w, "beef0002", &[]);
+    let older = CheckpointId::from_parts(1_699_000_000_000, 2);
+    lineage
+        .publish(LineageCheckpoint {
+            id: older.clone(),
+            generation: 1,
+            created_unix_ms: 1_699_000_000_000,
+            manifest_digest: None,
+        })
+        .unwrap();
+    lineage.orphan();
+    let l2 = Record::new(
+        "prod",
+        lineage,
+        Some(Holder {
+            token: "beef0002".into(),
+            claimed_unix_ms: 1,
+            pod: Some("web-6d4f9-old2".into()),
+            uid: Some("uid-old2".into()),
+            ..Default::default()
+        }),
+    );
+    let mut ck2 = serde_json::to_value(checkpoint_object()).unwrap();
+    ck2["metadata"]["name"] = json!("web-6d4f9-old2-1699000000");
+    ck2["status"]["checkpointRef"] = json!(format!("{}/{older}", l2.lineage.id));
+    ck2["status"]["lineage"] = json!(l2.lineage.id.as_str());
+    let mut routes = routes(&["web-6d4f9-a", "web-6d4f9-b"]);
+    for (p, v) in routes.iter_mut() {
+        if p.ends_with("/podcheckpoints") {
+            v["items"].as_array_mut().unwrap().push(ck2.clone());
+        }
+    }
+    let (client, _, store) = api_server_with_records(routes.clone(), &[l1.clone(), l2.clone()]);
+    let hook = hook_with(client.clone());
+    let a = admit(&hook, "web-6d4f9-a", "uid-a").await;
+    let b = admit(&hook, "web-6d4f9-b", "uid-b").await;
+    for p in [&a, &b] {
+        assert_eq!(p.annotations()[names::LINEAGE], l1.lineage.id.as_str());
+    }
+    let ctx = Caches {
+        policies: vec![policy()],
+        checkpoints: vec![checkpoint_object(), serde_json::from_value(ck2).unwrap()],
+        ..Default::default()
+    };
+    reconcile_pod(Arc::new(a.clone()), ctx.context(client))
+        .await
+        .unwrap();
+    // Pod a is there when b is reconciled.
+    for (p, v) in routes.iter_mut() {
+        if p == "/api/v1/namespaces/prod/pods" {
+            *v = list("PodList", vec![serde_json::to_value(&a).unwrap()]);
+        }
+    }
+    let (client, seen) = api_server_over(routes, &store);
+    let ctx = Caches {
+        policies: vec![policy()],
+        ..Default::default()
+    };
+    reconcile_pod(Arc::new(b), ctx.context(client))
+        .await
+        .unwrap();
+    let records = stored_records(&store);
+    assert_eq!(records.len(), 2, "{records:#?}");
+    let of = |uid: &str| held_by(&records, uid);
+    assert_eq!(of("uid-a").lineage.id, l1.lineage.id);
+    assert_eq!(of("uid-b").lineage.id, l2.lineage.id);
+    let restore_b = of("uid-b").holder.as_ref().unwrap().restore.clone();
+    assert_eq!(restore_b, Some(format!("{}/{older}", l2.lineage.id)));
+    let w = writes(&seen);
+    assert!(
+        !w.iter()
+            .any(|(_, p, b)| p.ends_with("/events") && b["type"] == "Warning"),
         "{w:#?}"
     );
 }
