@@ -166,6 +166,11 @@ if first_pod P1 c "$NS" oom; then
     event "$NS" "$P1" Restored | sed 's/^/#   /'
     check "c: the restore directory is gone after the restore: no memory image under images/<pod-uid>/" \
       retry 10 bash -c "[ -z \"\$(find '$IMGS' -name 'pages-*.img' 2>/dev/null)\" ]"
+    AGENT=$(kubectl -n stasis-system get pod -l app.kubernetes.io/component=agent --field-selector "spec.nodeName=$NO" -o name | head -1)
+    PREPARED=$(kubectl -n stasis-system logs "$AGENT" --all-containers 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep 'restart in place prepared' | tail -1)
+    echo "# agent on $NO: ${PREPARED#*INFO }"
+    check "c: the agent fetched it through the chunk cache (cache_hits > 0)" \
+      bash -c "grep -Eq 'cache_hits=[1-9]' <<<'$PREPARED'"
     sleep 15
     check "c: no second OOM kill follows (restartCount still 1 after 15 s)" test \
       "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" = 1
