@@ -4,9 +4,9 @@
 //! root, CRIU or the counter image are missing (fails under `CI` unless only the Kubernetes
 //! binaries are missing, which `scripts/cluster up` builds).
 
-use std::process::Command;
-
 mod common;
+#[path = "../../../tests/lib/shell_test.rs"]
+mod shell_test;
 
 #[test]
 fn stasisd_against_a_real_apiserver() {
@@ -25,23 +25,13 @@ fn stasisd_against_a_real_apiserver() {
     }
     let wrapper = wrapper.unwrap();
     let lineage = "default_pod_counter-a.0000beef";
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/apiserver-agent.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_stasisd"))
-        .arg(&wrapper)
-        .arg(lineage)
-        .arg(stasis_api::lineage::record_name(lineage))
-        .output()
-        .expect("run tests/apiserver-agent.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    print!("{stdout}");
-    eprint!("{stderr}");
-    match out.status.code() {
-        Some(0) => {}
-        // CI builds the platform first (make integration): a skip there hides a broken setup.
-        Some(77) if std::env::var_os("CI").is_none() => eprintln!("skipped: {}", stdout.trim()),
-        other => panic!("apiserver-agent.sh failed ({other:?}):\n{stdout}\n{stderr}"),
-    }
+    shell_test::run(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/apiserver-agent.sh"),
+        [
+            std::ffi::OsStr::new(env!("CARGO_BIN_EXE_stasisd")),
+            wrapper.as_os_str(),
+            std::ffi::OsStr::new(lineage),
+            std::ffi::OsStr::new(&stasis_api::lineage::record_name(lineage)),
+        ],
+    );
 }

@@ -3,26 +3,15 @@
 //! cache, `kubectl --as`); this test runs it so the integration tier covers it. Skipped,
 //! visibly, when the binaries are not built yet.
 
-use std::process::Command;
+#[path = "../../../tests/lib/shell_test.rs"]
+mod shell_test;
 
 #[test]
 fn admission_policies_against_a_real_apiserver() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/admission-policy.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_stasis-controller"))
-        .output()
-        .expect("run tests/admission-policy.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    print!("{stdout}");
-    eprint!("{stderr}");
-    match out.status.code() {
-        Some(0) => {}
-        // CI builds the platform first (make integration): a skip there hides a broken setup.
-        Some(77) if std::env::var_os("CI").is_none() => eprintln!("skipped: {}", stdout.trim()),
-        other => panic!("admission-policy.sh failed ({other:?}):\n{stdout}\n{stderr}"),
-    }
+    shell_test::run(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/admission-policy.sh"),
+        [env!("CARGO_BIN_EXE_stasis-controller")],
+    );
 }
 
 /// The policy exempts exactly the built-in controllers the webhook trusts
