@@ -1,149 +1,9 @@
-//! The thin side: what `stasis-runc` does with a command line. Everything that decides is in
-//! [`crate::argv`], [`crate::bundle`] and [`crate::decide`]; this module reads files, talks to the
-//! agent, runs runc, and `exec`s runc for everything it does not take over (same pid, stdio, fds
-//! and environment: the shim relies on that).
-//!
-//! Fail-safe rules: every doubt or failure on `create` ends in the original `runc create`
-//! (cold start), logged to runc's `--log` and reported to the agent; nothing is ever written to
-//! stdout or stderr on `create` (they are the container's stdio); `kill` forwards the signal
-//! whatever the agent says, and waits for it at most the configured deadline.
+//! `create`: the plan lookup, and the restore that replaces `runc create` when a plan is found.
 
-use std::ffi::OsString;
-use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
-
-use serde::{Deserialize, Serialize};
-use stasis_core::time::now_ms;
-use stasis_engine::image::ImageDir;
-use stasis_node_api::planfile::{self, PlanFile};
-use stasis_node_api::{
-    CheckpointAnswer, Client, ColdStartCause, ContainerExitedRequest, ExitAnswer,
-    FinalCheckpointRequest, PlanAnswer, PodRef, ReportEvent, ReportRequest, RestorePlanRequest,
-    PROTOCOL_VERSION,
-};
-
-use crate::argv::{self, Command as RuncCommand, CreateArgs, Invocation, KillArgs};
-use crate::bundle::{self, ContainerKind};
-use crate::config::Config;
-use crate::decide::{self, ImageFacts, Precheck};
-use crate::inplace::{self, Waited};
-use crate::runlog::{self, Level};
-
-/// runc's default state root (for `kill` reading runc's state when `--root` is absent).
-const RUNC_DEFAULT_ROOT: &str = "/run/runc";
-
-/// The record of a container `create` restored (`<run dir>/restored/<id>`), consumed by `start`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct RestoredMarker {
-    pub v: u32,
-    pub checkpoint_ref: String,
-    /// runc's `--root` of the restore: `start` must come with the same one.
-    pub root: Option<String>,
-    pub restored_at_unix_ms: u64,
-}
-
-/// Finds the real runc: `STASIS_REAL_RUNC`, else `/usr/sbin/runc`, else `runc` on `PATH` —
-/// never this binary (it may be installed as `runc`).
-pub fn find_real_runc(cfg: &Config) -> Result<PathBuf, String> {
-    let me = std::env::current_exe().and_then(|p| p.canonicalize()).ok();
-    let is_me = |p: &Path| me.is_some() && p.canonicalize().ok() == me;
-    if let Some(p) = &cfg.real_runc {
-        return if is_me(p) {
-            Err(format!(
-                "STASIS_REAL_RUNC={} is stasis-runc itself",
-                p.display()
-            ))
-        } else {
-            Ok(p.clone())
-        };
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::iter::once(PathBuf::from("/usr/sbin/runc"))
-        .chain(std::env::split_paths(&path).map(|d| d.join("runc")))
-        .find(|p| p.is_file() && !is_me(p))
-        .ok_or_else(|| "no runc found (set STASIS_REAL_RUNC)".to_owned())
-}
-
-struct Ctx {
-    cfg: Config,
-    real: PathBuf,
-    inv: Invocation,
-}
-
-enum Lookup {
-    Found {
-        plan: PlanFile,
-        file: Option<PathBuf>,
-    },
-    Missing {
-        cause: ColdStartCause,
-        reason: String,
-        skip_report: bool,
-        /// The ordinary case (no plan): logged as info, not as a warning.
-        expected: bool,
-    },
-}
+use super::*;
 
 impl Ctx {
-    fn log(&self, level: Level, msg: &str) {
-        let json = self.inv.globals.log_format.as_deref() == Some("json");
-        runlog::append(self.inv.globals.log.as_deref(), json, level, msg);
-    }
-
-    /// Replaces this process with `runc args` (same pid, stdio, fds and environment).
-    fn exec(&self, args: &[OsString]) -> ! {
-        let err = Command::new(&self.real).args(args).exec();
-        let msg = format!("cannot execute {}: {err}", self.real.display());
-        self.log(Level::Error, &msg);
-        eprintln!("stasis-runc: {msg}");
-        std::process::exit(127)
-    }
-
-    fn passthrough(&self) -> ! {
-        self.exec(&self.inv.args)
-    }
-
-    fn client(&self, io: Duration) -> Client {
-        Client::new(&self.cfg.socket)
-            .with_connect_timeout(self.cfg.connect_timeout.min(io))
-            .with_io_timeout(io)
-    }
-
-    /// Fire and forget, bounded by the connect timeout.
-    fn report(&self, id: &str, pod: PodRef, event: ReportEvent) {
-        let _ = self.client(self.cfg.connect_timeout).report(ReportRequest {
-            container_id: id.to_owned(),
-            pod,
-            event,
-        });
-    }
-
-    /// Cold start: log, report, then the original `runc create`.
-    fn cold(&self, id: &str, kind: &ContainerKind, cold: Cold) -> ! {
-        let level = if cold.expected {
-            Level::Info
-        } else {
-            Level::Warning
-        };
-        self.log(level, &format!("cold start of {id}: {}", cold.reason));
-        if !cold.skip_report && *kind != ContainerKind::Sandbox {
-            self.report(
-                id,
-                pod_of(kind),
-                ReportEvent::ColdStart {
-                    cause: cold.cause,
-                    reason: cold.reason,
-                    checkpoint_ref: cold.checkpoint_ref,
-                },
-            );
-        }
-        self.passthrough()
-    }
-
-    fn lookup_plan(&self, id: &str, kind: &ContainerKind, deadline: Instant) -> Lookup {
+    pub(super) fn lookup_plan(&self, id: &str, kind: &ContainerKind, deadline: Instant) -> Lookup {
         let dir = self.cfg.plans_dir();
         let pod = pod_of(kind);
         let candidates = [
@@ -255,7 +115,7 @@ impl Ctx {
         }
     }
 
-    fn create(&self, c: &CreateArgs) -> ! {
+    pub(super) fn create(&self, c: &CreateArgs) -> ! {
         let Some(id) = c.id.as_deref() else {
             self.passthrough()
         };
@@ -330,7 +190,7 @@ impl Ctx {
         }
     }
 
-    fn restore(
+    pub(super) fn restore(
         &self,
         id: &str,
         c: &CreateArgs,
@@ -468,7 +328,7 @@ impl Ctx {
     /// memory (CHECKPOINTED, every CUDA call blocked): restore it onto the GPUs the device plugin
     /// gave this container and unlock them (DESIGN §7). `Err`: why the restore becomes a cold
     /// start (the caller deletes the container; killing CHECKPOINTED processes is safe).
-    fn resume_gpu(
+    pub(super) fn resume_gpu(
         &self,
         id: &str,
         c: &CreateArgs,
@@ -510,7 +370,7 @@ impl Ctx {
     }
 
     /// A restored network namespace of its own comes back with `lo` down (DESIGN §8).
-    fn loopback_up(&self, id: &str, pid_file: Option<&str>) {
+    pub(super) fn loopback_up(&self, id: &str, pid_file: Option<&str>) {
         let pid = pid_file
             .and_then(|p| std::fs::read_to_string(p).ok())
             .and_then(|s| s.trim().parse::<u32>().ok());
@@ -540,7 +400,11 @@ impl Ctx {
         }
     }
 
-    fn mark_restored(&self, id: &str, plan: &stasis_node_api::Plan) -> std::io::Result<()> {
+    pub(super) fn mark_restored(
+        &self,
+        id: &str,
+        plan: &stasis_node_api::Plan,
+    ) -> std::io::Result<()> {
         let dir = self.cfg.restored_dir();
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -555,248 +419,5 @@ impl Ctx {
         let tmp = dir.join(format!(".{id}.tmp"));
         std::fs::write(&tmp, serde_json::to_vec(&m)?)?;
         std::fs::rename(&tmp, dir.join(id))
-    }
-
-    fn start(&self, id: Option<&str>) -> ! {
-        let Some(id) = id.filter(|i| planfile::path_for_container(Path::new("/"), i).is_some())
-        else {
-            self.passthrough()
-        };
-        let marker = self.cfg.restored_dir().join(id);
-        let m: Option<RestoredMarker> = std::fs::read(&marker)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        match m {
-            Some(m) if m.root == self.inv.globals.root => {
-                let _ = std::fs::remove_file(&marker);
-                self.log(
-                    Level::Info,
-                    &format!(
-                        "start {id}: restored from {} and already running",
-                        m.checkpoint_ref
-                    ),
-                );
-                std::process::exit(0)
-            }
-            _ => self.passthrough(),
-        }
-    }
-
-    fn kill(&self, k: &KillArgs) -> ! {
-        let Some(id) = k.id.as_deref() else {
-            self.passthrough()
-        };
-        if !argv::is_sigterm(k.signal.as_deref())
-            || self.cfg.final_checkpoint_timeout.is_zero()
-            || planfile::path_for_container(Path::new("/"), id).is_none()
-        {
-            self.passthrough()
-        }
-        let kind = self
-            .runc_state(id)
-            .map_or(ContainerKind::Plain, |(_, kind)| kind);
-        if kind == ContainerKind::Sandbox {
-            self.passthrough()
-        }
-        let deadline_ms = self.cfg.final_checkpoint_timeout.as_millis() as u64;
-        let started = Instant::now();
-        let answer =
-            self.client(Duration::from_millis(500))
-                .final_checkpoint(FinalCheckpointRequest {
-                    container_id: id.to_owned(),
-                    pod: pod_of(&kind),
-                    deadline_ms,
-                    answer_when_captured: true,
-                });
-        let ms = started.elapsed().as_millis();
-        let end_with_kill = answer.as_ref().is_ok_and(CheckpointAnswer::end_with_kill);
-        match answer {
-            Ok(CheckpointAnswer::Done { checkpoint_ref, .. }) => self.log(
-                Level::Info,
-                &format!("final checkpoint of {id} before SIGTERM: {checkpoint_ref} ({ms} ms)"),
-            ),
-            Ok(CheckpointAnswer::Captured { checkpoint_ref, .. }) => self.log(
-                Level::Info,
-                &format!(
-                    "final checkpoint of {id} before SIGTERM: {checkpoint_ref} captured ({ms} ms), uploading"
-                ),
-            ),
-            Ok(CheckpointAnswer::Skipped { reason }) => self.log(
-                Level::Info,
-                &format!("no final checkpoint of {id}: {reason}"),
-            ),
-            Ok(CheckpointAnswer::Failed { reason }) => self.log(
-                Level::Warning,
-                &format!("final checkpoint of {id} failed ({ms} ms): {reason}"),
-            ),
-            Err(e) if e.is_no_agent() => {}
-            Err(e) => self.log(
-                Level::Warning,
-                &format!("final checkpoint of {id}: no answer from the agent ({ms} ms): {e}"),
-            ),
-        }
-        if end_with_kill {
-            // Its continuation is in the checkpoint; a clean exit on SIGTERM would tell the
-            // pod's owner (a Job) that the work is finished.
-            self.log(
-                Level::Info,
-                &format!("{id} ends with SIGKILL: its pod's exit would read as finished work"),
-            );
-            self.exec(&self.inv.kill_with_signal(k, "KILL"))
-        }
-        self.passthrough()
-    }
-
-    /// runc's state of a container (`<root>/<id>/state.json`) and what kind of container its
-    /// annotations say it is (sandbox, app container of a pod, plain).
-    fn runc_state(&self, id: &str) -> Option<(Vec<u8>, ContainerKind)> {
-        let root = self
-            .inv
-            .globals
-            .root
-            .as_deref()
-            .unwrap_or(RUNC_DEFAULT_ROOT);
-        let raw = std::fs::read(Path::new(root).join(id).join("state.json")).ok()?;
-        let kind = bundle::annotations_from_runc_state(&raw)
-            .map_or(ContainerKind::Plain, |a| bundle::classify(&a));
-        Some((raw, kind))
-    }
-
-    fn delete(&self, id: Option<&str>) -> ! {
-        if let Some(id) = id.filter(|i| planfile::path_for_container(Path::new("/"), i).is_some()) {
-            let _ = std::fs::remove_file(self.cfg.restored_dir().join(id));
-            let _ = std::fs::remove_dir_all(self.cfg.work_dir().join(id));
-            self.tell_exit(id);
-        }
-        self.passthrough()
-    }
-
-    /// An app container killed by the OOM killer: tell the agent before runc deletes its state
-    /// and cgroup (the only place that still says so). The agent answers at once that it is
-    /// preparing the restore in place; the note of it makes the restart's `create` wait for the
-    /// plan (`inplace`). Bounded (500 ms); a missing agent is quiet; an answer this runtime does
-    /// not know is no plan (a cold start).
-    fn tell_exit(&self, id: &str) {
-        let Some((raw, kind)) = self.runc_state(id) else {
-            return;
-        };
-        if !matches!(kind, ContainerKind::App(_)) || !bundle::oom_killed_from_runc_state(&raw) {
-            return;
-        }
-        let answer =
-            self.client(Duration::from_millis(500))
-                .container_exited(ContainerExitedRequest {
-                    container_id: id.to_owned(),
-                    pod: pod_of(&kind),
-                    oom_killed: true,
-                    wait_for_plan: true,
-                });
-        match answer {
-            Ok(ExitAnswer::Preparing {
-                checkpoint_ref,
-                wait_ms,
-            }) => {
-                let pod = pod_of(&kind);
-                match inplace::record_pending(
-                    &self.cfg.plans_dir(),
-                    &pod.pod_uid,
-                    &pod.container_name,
-                    &checkpoint_ref,
-                    wait_ms,
-                    now_ms(),
-                ) {
-                    Ok(bound) => self.log(
-                        Level::Info,
-                        &format!("{id} was OOM-killed: the agent is preparing its restart in place from {checkpoint_ref}; its create waits up to {bound} ms for it"),
-                    ),
-                    Err(e) => self.log(
-                        Level::Warning,
-                        &format!("{id} was OOM-killed; its restart cannot wait for the restore in place being prepared ({e}) and may start cold"),
-                    ),
-                }
-            }
-            Ok(ExitAnswer::Plan(p)) => self.log(
-                Level::Info,
-                &format!(
-                    "{id} was OOM-killed: its restart restores {} in place",
-                    p.checkpoint_ref
-                ),
-            ),
-            Ok(ExitAnswer::NoPlan { reason }) => self.log(
-                Level::Info,
-                &format!("{id} was OOM-killed; its restart starts cold: {reason}"),
-            ),
-            Err(e) if e.is_no_agent() => {}
-            Err(e) => self.log(
-                Level::Warning,
-                &format!("{id} was OOM-killed; no answer from the agent: {e}"),
-            ),
-        }
-    }
-}
-
-struct Cold {
-    cause: ColdStartCause,
-    reason: String,
-    checkpoint_ref: Option<String>,
-    /// No agent, or the agent already knows (it answered `no_plan`).
-    skip_report: bool,
-    /// An ordinary cold start (no plan), logged as info rather than a warning.
-    expected: bool,
-}
-
-impl Cold {
-    fn doubt(cause: ColdStartCause, reason: String, checkpoint_ref: Option<String>) -> Self {
-        Self {
-            cause,
-            reason,
-            checkpoint_ref,
-            skip_report: false,
-            expected: false,
-        }
-    }
-}
-
-fn pod_of(kind: &ContainerKind) -> PodRef {
-    match kind {
-        ContainerKind::App(p) => p.clone(),
-        _ => PodRef::default(),
-    }
-}
-
-/// The last error lines of a CRIU log (its "rlimit" line is harmless and skipped).
-fn criu_errors(log: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(log).ok()?;
-    let errs: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("Error") && !l.contains("RLIMIT_NOFILE"))
-        .collect();
-    let tail = &errs[errs.len().saturating_sub(3)..];
-    (!tail.is_empty()).then(|| tail.join(" | "))
-}
-
-/// The wrapper: never returns.
-pub fn run(args: Vec<OsString>) -> ! {
-    let cfg = Config::from_env();
-    let inv = argv::parse(args);
-    let real = match find_real_runc(&cfg) {
-        Ok(r) => r,
-        Err(e) => {
-            let json = inv.globals.log_format.as_deref() == Some("json");
-            runlog::append(inv.globals.log.as_deref(), json, Level::Error, &e);
-            eprintln!("stasis-runc: {e}");
-            std::process::exit(127)
-        }
-    };
-    let ctx = Ctx { cfg, real, inv };
-    if ctx.cfg.passthrough {
-        ctx.passthrough()
-    }
-    match ctx.inv.command.clone() {
-        Some(RuncCommand::Create(c)) => ctx.create(&c),
-        Some(RuncCommand::Start { id }) => ctx.start(id.as_deref()),
-        Some(RuncCommand::Kill(k)) => ctx.kill(&k),
-        Some(RuncCommand::Delete { id, .. }) => ctx.delete(id.as_deref()),
-        _ => ctx.passthrough(),
     }
 }
