@@ -216,8 +216,9 @@ pub fn writes(seen: &Seen) -> Vec<(String, String, serde_json::Value)> {
 /// (method, path, JSON body) in the returned [`Seen`].
 ///
 /// A `gets` entry whose value is a failed `Status` (code ≥ 400) answers every method on its
-/// path with that failure. A `PATCH` that is not a forced server-side apply by the field manager
-/// `stasis-controller` is refused with 415: every controller write must be one.
+/// path with that failure. A `PATCH` by another field manager than `stasis-controller`, or
+/// neither a forced server-side apply nor a merge patch of labels and annotations alone, is
+/// refused with 415: every controller write must be one of those.
 pub fn api_server(gets: Vec<(String, serde_json::Value)>) -> (Client, Seen) {
     let (client, seen, _) = serve(gets, None);
     (client, seen)
@@ -367,12 +368,16 @@ fn serve(
                 *p == path && v["kind"] == "Status" && v["code"].as_u64().unwrap_or(0) >= 400
             });
             let query = parts.uri.query().unwrap_or_default();
-            let apply = parts
-                .headers
-                .get("content-type")
-                .is_some_and(|c| c == "application/apply-patch+yaml")
-                && query.contains("fieldManager=stasis-controller")
-                && query.contains("force=true");
+            let content_type = |t: &str| parts.headers.get("content-type").is_some_and(|c| c == t);
+            let by_us = query.contains("fieldManager=stasis-controller");
+            // A forced server-side apply, or a merge patch that only adds labels and
+            // annotations (`add_metadata`).
+            let metadata_only = v
+                .as_object()
+                .is_some_and(|o| o.keys().all(|k| k == "metadata"));
+            let apply = by_us
+                && ((content_type("application/apply-patch+yaml") && query.contains("force=true"))
+                    || (content_type("application/merge-patch+json") && metadata_only));
             let (status, out) = match method.as_str() {
                 _ if store.is_some() && path.starts_with(RECORDS_PATH) => {
                     on_records(store.as_ref().unwrap(), &method, &path, v)
@@ -384,7 +389,7 @@ fn serve(
                 "PATCH" if !apply => (
                     415,
                     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                           "message": format!("not a server-side apply by stasis-controller: {query}"), "code": 415}),
+                           "message": format!("not a server-side apply or a metadata merge patch by stasis-controller: {query}"), "code": 415}),
                 ),
                 "GET" => match gets.iter().find(|(p, _)| *p == path) {
                     Some((_, v)) => (200, v.clone()),

@@ -136,6 +136,19 @@ pub(crate) fn phase_is_pending_restore(r: &PodRestore) -> bool {
     )
 }
 
+/// A PodRestore this agent prepares: pending, and not one of the agent's own records of a
+/// restart in place (`stasis.dev/created-by`). The restart prepares that one itself; the record
+/// is created before its status says `Ready`, and preparing it again in between fetched the
+/// checkpoint a second time into the directory the restart was restoring from, so CRIU read a
+/// truncated image.
+pub(crate) fn restore_to_prepare(r: &PodRestore) -> bool {
+    phase_is_pending_restore(r)
+        && r.metadata
+            .labels
+            .as_ref()
+            .is_none_or(|l| !l.contains_key(stasis_api::names::CREATED_BY))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,5 +320,30 @@ mod tests {
         assert!(phase_is_pending_restore(&r));
         r.status.as_mut().unwrap().phase = Some(RestorePhase::Ready);
         assert!(!phase_is_pending_restore(&r));
+    }
+
+    #[test]
+    fn the_agents_own_restart_in_place_records_are_not_prepared_again() {
+        let mut r = PodRestore::new(
+            "p-oom-20261201t000000.000z-00000000",
+            stasis_api::PodRestoreSpec {
+                checkpoint_ref: "l/20261201T000000.000Z-00000000".into(),
+                target_pod_name: "p".into(),
+                target_pod_uid: Some("u".into()),
+                source_pod_name: Some("p".into()),
+                lineage: None,
+                generation: None,
+            },
+        );
+        assert!(
+            restore_to_prepare(&r),
+            "a webhook's pending PodRestore is prepared"
+        );
+        r.metadata.labels = Some(BTreeMap::from([(
+            stasis_api::names::CREATED_BY.to_owned(),
+            crate::k8s::MANAGER.to_owned(),
+        )]));
+        // Created, its status not yet Ready: still the restart's own.
+        assert!(!restore_to_prepare(&r));
     }
 }

@@ -17,7 +17,7 @@ use stasis_api::{CheckpointPhase, CheckpointPolicy, PodCheckpoint, PodRestore, R
 use tokio::runtime::Handle;
 use tracing::{debug, info, info_span, warn};
 
-use super::pod_facts::{phase_is_pending_ckpt, phase_is_pending_restore};
+use super::pod_facts::{phase_is_pending_ckpt, restore_to_prepare};
 use super::KubeCluster;
 use crate::error::Result;
 use crate::executor::Executor;
@@ -287,7 +287,7 @@ pub async fn start(
                         continue;
                     }
                 };
-                if !phase_is_pending_restore(&r) {
+                if !restore_to_prepare(&r) {
                     continue;
                 }
                 while !pods_ready.load(Ordering::SeqCst) {
@@ -328,7 +328,7 @@ pub async fn start(
                         ListParams::default().fields(&format!("spec.targetPodName={}", key.name));
                     match api.list(&lp).await {
                         Ok(l) => {
-                            for r in l.items.into_iter().filter(phase_is_pending_restore) {
+                            for r in l.items.into_iter().filter(restore_to_prepare) {
                                 enqueue(&rest_tx2, Job::Restore(Arc::new(r)));
                             }
                         }

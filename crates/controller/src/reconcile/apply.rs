@@ -47,8 +47,12 @@ where
     Ok(())
 }
 
-/// Applies `metadata` (only the labels and annotations the controller sets) to `name`.
-pub(crate) async fn apply_metadata<K>(
+/// Adds the labels and annotations in `metadata` to `name` (a JSON merge patch under the field
+/// manager [`MANAGER`]): keys are added or replaced, never removed. Not a server-side apply:
+/// labels and annotations are maps many writers add to, and the controller sets its keys in
+/// separate writes (the committed lineage, later "decision reported"); under apply, each write
+/// removed the keys the previous one had set, and a pod lost its lineage annotation.
+pub(crate) async fn add_metadata<K>(
     client: &Client,
     ns: &str,
     name: &str,
@@ -60,11 +64,15 @@ where
         + DeserializeOwned
         + std::fmt::Debug,
 {
+    let params = PatchParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..Default::default()
+    };
     Api::<K>::namespaced(client.clone(), ns)
         .patch(
             name,
-            &params(),
-            &Patch::Apply(body::<K>(name, json!({ "metadata": metadata }))),
+            &params,
+            &Patch::Merge(json!({ "metadata": metadata })),
         )
         .await?;
     Ok(())

@@ -113,6 +113,6 @@ pub(super) async fn report_decision(
         }
     }
     let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
-    apply_metadata::<Pod>(&ctx.client, &ns, &name, patch["metadata"].clone()).await?;
+    add_metadata::<Pod>(&ctx.client, &ns, &name, patch["metadata"].clone()).await?;
     Ok(())
 }

@@ -174,7 +174,7 @@ pub(super) async fn impostor(pod: &Pod, r: &Record, ctx: &Context) -> Result<Act
     )
     .await;
     let patch = json!({"metadata": {"annotations": {names::DECISION_REPORTED: "true"}}});
-    apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch["metadata"].clone()).await?;
+    add_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch["metadata"].clone()).await?;
     Ok(Action::await_change())
 }
 
@@ -319,7 +319,7 @@ pub(super) async fn commit(
     }
     if !keys.is_empty() {
         let patch = json!({ "annotations": keys.clone() });
-        apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch).await?;
+        add_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch).await?;
     }
     tracing::info!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, generation = record.lineage.generation, restore = restoring, "claim committed");
     // Such a pod's decision is reported, now or before: nothing more to report for it.
@@ -367,7 +367,7 @@ pub(super) async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
             names::GENERATION: record.lineage.generation.to_string(),
         }
     }});
-    apply_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch["metadata"].clone()).await?;
+    add_metadata::<Pod>(&ctx.client, &ns, &pod.name_any(), patch["metadata"].clone()).await?;
     tracing::info!(pod = %pod.name_any(), namespace = %ns, lineage = %record.lineage.id, "new lineage for a pod admitted without the webhook");
     Ok(record)
 }

@@ -127,7 +127,7 @@ pub async fn reconcile_restore(pr: Arc<PodRestore>, ctx: Arc<Context>) -> Result
         _ => return Ok(Action::await_change()),
     }
     ctx.records.save(&r).await?;
-    apply_metadata::<PodRestore>(
+    add_metadata::<PodRestore>(
         &ctx.client,
         &ns,
         &pr.name_any(),
