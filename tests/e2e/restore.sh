@@ -157,7 +157,7 @@ if first_pod P1 c "$NS" oom; then
     echo "# count at the last heartbeat >= $C_CKPT, last count before the OOM kill: $C_KILL, first count after the restart: $C_FIRST"
     check "c: the kubelet saw an OOM kill (lastState.terminated.reason)" test \
       "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.reason}')" = OOMKilled
-    check "c: it resumed from the latest checkpoint: first count ($C_FIRST) >= $C_CKPT" ge "$C_FIRST" "$C_CKPT"
+    check "c: it resumed from the latest checkpoint: first count ($C_FIRST) > $C_CKPT, and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
     check "c: ... and <= the last count before the kill + 1 ($C_KILL)" ge "$((C_KILL + 1))" "$C_FIRST"
     check "c: never state=CORRUPT" not_corrupt "$NS" "$P1"
     restored_in_place() { kubectl -n "$NS" get prestore -o json | jq -e --arg p "$P1" '[.items[] | select(.spec.targetPodName == $p and (.metadata.name | contains("-oom-")) and .status.phase == "Restored")] | length == 1'; }
@@ -466,7 +466,7 @@ if first_pod P1 t "$NS" server; then
     echo "# count at the last heartbeat >= $C_CKPT, last count of $P1: $C_STOP, first count of $P2: $C_FIRST"
     check "t: a PodRestore for it, phase Restored (not a cold start)" retry 30 bash -c "[ \"\$(kubectl -n $NS get prestore --field-selector spec.targetPodName=$P2 -o jsonpath='{.items[*].status.phase}')\" = Restored ]"
     event "$NS" "$P2" Restored | sed 's/^/#   /'
-    check "t: its first count ($C_FIRST) >= the count at the last heartbeat ($C_CKPT)" ge "$C_FIRST" "$C_CKPT"
+    check "t: its first count ($C_FIRST) > the count at the last heartbeat ($C_CKPT), and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
     check "t: never state=CORRUPT" not_corrupt "$NS" "$P2"
     check "t: $P2 is Ready (its probe answers)" retry 30 bash -c "[ \"\$(kubectl -n $NS get pod $P2 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]"
     reconnected() { [ "$(grep -c "connected $IP2" "$T_LOG")" -ge 3 ] && [ "$(awk -v ip="$IP2" '$2 == "holder" && $4 == ip && $5 ~ /^count=/' "$T_LOG" | wc -l)" -ge 30 ]; }
