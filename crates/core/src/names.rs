@@ -62,6 +62,27 @@ pub const NOTE: &str = "stasis.dev/note";
 pub const CLUSTER_KEY_ID: &str = "stasis.dev/cluster-key-id";
 
 /// Node labels the agents set.
+/// The CRI annotations a container runtime writes into a container's OCI config (containerd's
+/// `internal/cri/annotations` first; CRI-O's and the kubelet's `io.kubernetes.pod.*` as
+/// fallbacks): who the container belongs to. Read by stasis-runc and the agent from bundles, and
+/// written and read in Kubernetes checkpoint archives' `spec.dump`.
+pub mod cri {
+    pub const CONTAINER_TYPE: &[&str] = &[
+        "io.kubernetes.cri.container-type",
+        "io.kubernetes.cri-o.ContainerType",
+    ];
+    pub const POD_UID: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
+    pub const POD_NAMESPACE: &[&str] = &[
+        "io.kubernetes.cri.sandbox-namespace",
+        "io.kubernetes.pod.namespace",
+    ];
+    pub const POD_NAME: &[&str] = &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
+    pub const CONTAINER_NAME: &[&str] = &[
+        "io.kubernetes.cri.container-name",
+        "io.kubernetes.container.name",
+    ];
+}
+
 pub mod node {
     /// `true` while the node can restore.
     pub const READY: &str = "stasis.dev/ready";

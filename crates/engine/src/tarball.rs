@@ -44,6 +44,22 @@ pub(crate) struct Header {
     pub pax: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl Header {
+    /// Bytes of data that follow the header in an archive: none for links, directories and
+    /// devices, whatever their size field says (as GNU tar reads them).
+    pub(crate) fn data_len(&self) -> u64 {
+        match self.typeflag {
+            b'1' | b'2' | b'3' | b'4' | b'5' | b'6' => 0,
+            _ => self.size,
+        }
+    }
+
+    /// A character device 0/0: how an overlay upper directory records a deletion.
+    pub(crate) fn is_overlay_whiteout(&self) -> bool {
+        self.typeflag == b'3' && self.dev_major == 0 && self.dev_minor == 0
+    }
+}
+
 #[cfg(test)]
 impl Header {
     /// The last value a PAX record gave `key`.
@@ -305,12 +321,7 @@ impl<R: Read + Seek> Reader<R> {
                 }
             }
             h.pax = pax;
-            // Links, directories and devices have no data in the archive, whatever their size
-            // field says (as GNU tar reads them).
-            let data = match typeflag {
-                b'1' | b'2' | b'3' | b'4' | b'5' | b'6' => 0,
-                _ => h.size,
-            };
+            let data = h.data_len();
             self.left = data;
             self.pad = (BLOCK - data % BLOCK) % BLOCK;
             return Ok(Some(h));

@@ -10,20 +10,9 @@ use std::collections::BTreeMap;
 
 use crate::PodRef;
 
-pub const CONTAINER_TYPE: &[&str] = &[
-    "io.kubernetes.cri.container-type",
-    "io.kubernetes.cri-o.ContainerType",
-];
-pub const POD_UID: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
-pub const POD_NAMESPACE: &[&str] = &[
-    "io.kubernetes.cri.sandbox-namespace",
-    "io.kubernetes.pod.namespace",
-];
-pub const POD_NAME: &[&str] = &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
-pub const CONTAINER_NAME: &[&str] = &[
-    "io.kubernetes.cri.container-name",
-    "io.kubernetes.container.name",
-];
+pub use stasis_core::names::cri::{
+    CONTAINER_NAME, CONTAINER_TYPE, POD_NAME, POD_NAMESPACE, POD_UID,
+};
 
 /// What kind of container the annotations describe.
 #[derive(Debug, Clone, PartialEq, Eq)]

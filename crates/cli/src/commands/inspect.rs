@@ -4,16 +4,12 @@ use std::collections::HashSet;
 use std::fmt::Write;
 use std::process::ExitCode;
 
-use stasis_core::CheckpointRef;
-
-use super::{open_store, runtime, Access};
+use super::Opened;
 use crate::args::InspectArgs;
 use crate::output::{self, bytes};
 
 pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let reference: CheckpointRef = args.reference.parse()?;
-    let (key, store) = open_store(&args.store, Access::Read)?;
-    let m = runtime()?.block_on(store.read_manifest(&key, &reference))?;
+    let m = Opened::new(&args.store, &args.reference)?.manifest;
     output::emit(&m, || {
         let mut s = String::new();
         let st = &m.stats;

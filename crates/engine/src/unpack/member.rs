@@ -178,9 +178,7 @@ pub(super) fn member(h: &Header, flavor: Flavor) -> Result<Member, String> {
             Kind::HardLink(target)
         }
         b'6' => Kind::Fifo,
-        b'3' if flavor == Flavor::OverlayUpper && h.dev_major == 0 && h.dev_minor == 0 => {
-            Kind::Whiteout
-        }
+        b'3' if flavor == Flavor::OverlayUpper && h.is_overlay_whiteout() => Kind::Whiteout,
         b'3' | b'4' => {
             return Err(format!(
                 "a device node ({} {}:{}): a restore never creates devices",

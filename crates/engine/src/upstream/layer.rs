@@ -38,10 +38,6 @@ fn split(path: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-fn is_whiteout(h: &Header) -> bool {
-    h.typeflag == b'3' && h.dev_major == 0 && h.dev_minor == 0
-}
-
 fn open(src: &Path) -> io::Result<Reader<BufReader<File>>> {
     Ok(Reader::new(BufReader::with_capacity(
         1 << 20,
@@ -66,7 +62,7 @@ pub(super) fn upper_to_layer(src: &Path, dst: &Path) -> io::Result<Counts> {
     let mut n = Counts::default();
     while let Some(h) = r.next()? {
         n.entries += 1;
-        if is_whiteout(&h) {
+        if h.is_overlay_whiteout() {
             let (parent, name) = split(&h.path);
             let mut e = Header::file("", 0, 0o644, h.mtime);
             e.path = [parent, WHITEOUT_PREFIX, name].concat();

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use stasis_core::manifest::{Manifest, RootfsCapture, RootfsMethod, Source};
-use stasis_core::names::manifest as label;
+use stasis_core::names::{cri, manifest as label};
 
 use crate::error::EngineError;
 use crate::image::ImageDir;
@@ -126,28 +126,10 @@ pub struct Imported {
 /// The CRI annotations of `spec.dump` and the manifest labels they correspond to (containerd's
 /// names first; CRI-O's and the kubelet's are read on import).
 const ANNOTATIONS: &[(&str, &[&str])] = &[
-    (
-        label::CONTAINER_NAME,
-        &[
-            "io.kubernetes.cri.container-name",
-            "io.kubernetes.container.name",
-        ],
-    ),
-    (
-        label::POD_NAME,
-        &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"],
-    ),
-    (
-        label::NAMESPACE,
-        &[
-            "io.kubernetes.cri.sandbox-namespace",
-            "io.kubernetes.pod.namespace",
-        ],
-    ),
-    (
-        label::POD_UID,
-        &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"],
-    ),
+    (label::CONTAINER_NAME, cri::CONTAINER_NAME),
+    (label::POD_NAME, cri::POD_NAME),
+    (label::NAMESPACE, cri::POD_NAMESPACE),
+    (label::POD_UID, cri::POD_UID),
 ];
 /// The `spec.dump` annotation naming the stasis checkpoint an archive was exported from.
 pub const EXPORTED_FROM: &str = "dev.stasis.checkpoint";

@@ -45,15 +45,6 @@ impl Header {
             ..Self::file("", 0, 0, mtime)
         }
     }
-
-    /// Bytes of data that follow the header in an archive: none for links, directories and
-    /// devices, whatever their size field says (as [`crate::tarball::Reader`] reads them).
-    pub(super) fn data_len(&self) -> u64 {
-        match self.typeflag {
-            b'1' | b'2' | b'3' | b'4' | b'5' | b'6' => 0,
-            _ => self.size,
-        }
-    }
 }
 
 /// Writes members to `out`; [`Writer::finish`] writes the two zero blocks that end an archive.
