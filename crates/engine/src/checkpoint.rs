@@ -1,23 +1,23 @@
 //! Taking a checkpoint: of a runc container (through `runc checkpoint`) or of a plain process tree
 //! (through CRIU's RPC).
 
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+
 use std::time::Instant;
 
 use stasis_core::manifest::{ProcessInfo, RootfsCapture, Source, Timings};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::cuda;
 use crate::error::EngineError;
 use crate::image::ImageDir;
 use crate::proctree;
-use crate::rootfs;
-use crate::runc::{CheckpointOpts, Runc};
+use crate::runc::Runc;
 use crate::sockets::{self, CriuConf, SocketRecord};
 use crate::tools;
+
+pub use crate::pod::{checkpoint_pod, PodCheckpoint, PodMember};
 
 /// Bundle annotations that carry the digest of the image a rootfs was made from.
 pub const IMAGE_DIGEST_ANNOTATIONS: &[&str] =
@@ -62,149 +62,24 @@ fn mkdir(p: &Path) -> Result<(), EngineError> {
     std::fs::create_dir_all(p).map_err(EngineError::io(p))
 }
 
-/// Checkpoints a runc container.
-///
-/// The container is paused (cgroup freezer) for the whole capture, so its memory (CRIU dump) and
-/// its files (rootfs capture) describe the same instant; then it is resumed (leave-running) or
-/// left stopped (`leave_running: false`). A watchdog process resumes it if this process dies
-/// while it is frozen, and every error path resumes it too: a failure never leaves the workload
-/// frozen.
+/// Checkpoints a runc container: [`checkpoint_pod`] with one member.
 pub fn checkpoint_container(req: &ContainerCheckpoint<'_>) -> Result<Captured, EngineError> {
-    let state = req.runc.state(req.id)?;
-    if state.status != "running" && state.status != "paused" {
-        return Err(EngineError::ContainerNotRunning {
-            id: req.id.into(),
-            status: state.status,
-        });
-    }
-    // CRIU must be usable before anything is frozen.
-    let (criu_path, _) = tools::criu_checked()?;
-    let _lock = WorkloadLock::acquire_as(
-        &format!("container-{}-{}", req.runc.root.display(), req.id),
-        &format!("another checkpoint of container {:?}", req.id),
-    )?;
-    let processes = proctree::tree(state.pid);
-    // What CRIU cannot dump is refused before anything is frozen.
-    if let Some(f) = processes
-        .iter()
-        .find_map(|p| host_file_fds(p.pid).into_iter().next())
-    {
-        return Err(EngineError::CheckpointRefused {
-            id: req.id.into(),
-            reason: format!(
-                "process {} ({}) has fd {} open on {}, a file of the host outside the container's mounts, which CRIU cannot checkpoint ({}); start the container with its stdout and stderr going to a pipe or /dev/null (`runc run -d ... 2>&1 | cat >> file`, or a shim such as containerd's), not redirected to a host file",
-                f.pid,
-                f.command,
-                f.fd,
-                f.path.display(),
-                if f.fd <= 2 { "a redirected stdio" } else { "an open file" }
-            ),
-        });
-    }
-    // Unknown creation time: everything counts as changed (safe, only slower).
-    let started = stasis_core::time::parse_rfc3339_nanos(&state.created).unwrap_or(0);
-    let image_digest = state.annotations.as_ref().and_then(|a| {
-        IMAGE_DIGEST_ANNOTATIONS
-            .iter()
-            .find_map(|k| a.get(*k).cloned())
-    });
-    mkdir(&req.image.criu())?;
-    // CRIU's options depend on nothing the freeze changes: written before the GPU lock and the
-    // freeze (finding the network lock asks CRIU itself, tens of milliseconds, once a process).
-    let conf = CriuConf::write(
-        &req.image.root,
-        &sockets::dump_options(!req.tcp_established, sockets::nftables_lock(&criu_path)),
-    )?;
-
-    // GPU first (DESIGN §7): lock and checkpoint every CUDA process while it still runs (the
-    // driver needs it to); its device memory moves to host memory, which CRIU then dumps. The
-    // suspension restores and unlocks on drop, so an error below never leaves a process locked.
-    let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
-    let gpu = cuda::suspend(&pids, cuda::DEFAULT_LOCK_TIMEOUT)?;
-
-    let rootfs_kind = rootfs::detect(&state.rootfs, state.pid)?;
-    let was_paused = state.status == "paused";
-    let freeze = Instant::now();
-    if !was_paused {
-        req.runc.pause(req.id)?;
-    }
-    let mut guard = ThawGuard::arm(req.runc, req.id, !was_paused);
-
-    let t = Instant::now();
-    let rootfs = rootfs::capture(&rootfs_kind, &state.rootfs, started, req.image)?;
-    let rootfs_ms = ms(t);
-
-    // The tree's TCP sockets as CRIU is about to see them (frozen), for the restore's choice
-    // between keeping and closing its connections (DESIGN §9.8).
-    let sockets = SocketRecord {
-        state_dumped: req.tcp_established,
-        leave_running: req.leave_running,
-        ..sockets::scan(&pids)
-    };
-
-    let t = Instant::now();
-    let opts = CheckpointOpts {
-        image_path: &req.image.criu(),
-        work_path: &req.image.criu(),
+    let mut v = checkpoint_pod(&PodCheckpoint {
+        runc: req.runc,
+        members: &[PodMember {
+            id: req.id,
+            image: req.image,
+        }],
         leave_running: req.leave_running,
         tcp_established: req.tcp_established,
-        criu_conf: Some(&conf.path),
-    };
-    let runc_log = req.image.criu().join("runc.log");
-    let child = req.runc.spawn_checkpoint(req.id, &opts, &runc_log)?;
-    guard.watch(&child);
-    let out = child
-        .wait_with_output()
-        .map_err(EngineError::io(&req.runc.binary))?;
-    let dump_ms = ms(t);
-    if !out.status.success() {
-        let log = req.image.criu_log("dump");
-        let detail = tools::failure_detail(&log, &runc_log, out.status, &out.stderr);
-        return Err(EngineError::ToolFailed {
-            what: format!("runc checkpoint {}", req.id),
-            detail,
-            log: Some(log),
-        });
-    }
-    if req.leave_running {
-        guard.release()?;
-    } else {
-        guard.disarm();
-    }
-    let (gpu_fp, gpu_report) = finish_gpu(gpu, req.leave_running)?;
-    // A CUDA process is blocked from its lock, before the freeze, to its unlock, after it.
-    let frozen_ms = blocked_ms(ms(freeze), gpu_report.as_ref());
-    drop(conf);
-    sockets::write_record(&req.image.criu(), &sockets)?;
-    info!(
-        container = req.id,
-        frozen_ms, dump_ms, rootfs_ms, "container checkpointed"
-    );
-    Ok(Captured {
-        source: Source::Container {
-            container_id: req.id.into(),
-        },
-        processes,
-        rootfs: Some(rootfs),
-        timings: Timings {
-            frozen_ms,
-            dump_ms,
-            rootfs_ms,
-            ..Timings::default()
-        },
-        image_digest,
-        needs_runc: true,
-        leave_running: req.leave_running,
-        gpu_processes: gpu_report.map_or(0, |r| r.processes),
-        gpu: gpu_fp,
-        gpu_report,
-    })
+    })?;
+    Ok(v.pop().expect("one member, one capture"))
 }
 
 /// After the dump: leave-running resumes the GPU processes (restore, unlock); stop mode drops
 /// the suspension (the processes are gone). Returns the GPUs to record (those the processes were
 /// checkpointed on) and the report of the GPU phases.
-fn finish_gpu(
+pub(crate) fn finish_gpu(
     gpu: Option<cuda::SuspendedGpu>,
     leave_running: bool,
 ) -> Result<
@@ -228,115 +103,8 @@ fn finish_gpu(
 
 /// The workload's downtime: the freeze, or for CUDA processes the time their CUDA calls were
 /// blocked when that is longer (it starts at the lock, before the freeze).
-fn blocked_ms(frozen_ms: u64, gpu: Option<&cuda::GpuCheckpointReport>) -> u64 {
+pub(crate) fn blocked_ms(frozen_ms: u64, gpu: Option<&cuda::GpuCheckpointReport>) -> u64 {
     gpu.map_or(frozen_ms, |g| frozen_ms.max(g.blocked_ms.ceil() as u64))
-}
-
-/// Resumes a container this checkpoint paused, whatever happens to the checkpoint.
-///
-/// Two layers: `Drop` resumes on every error path of this process; a watchdog (`sh`, in its own
-/// process group) resumes if this process is killed outright. The watchdog reads commands on a
-/// pipe: `wait <pid>` names the `runc checkpoint` process to let finish first (resuming in the
-/// middle of a dump would be undone by CRIU restoring the freezer state), `done` means
-/// the checkpoint ended normally. End of file without `done` means this process died.
-struct ThawGuard<'a> {
-    runc: &'a Runc,
-    id: &'a str,
-    armed: bool,
-    watchdog: Option<(Child, ChildStdin)>,
-}
-
-const WATCHDOG: &str = r#"pid=
-while IFS= read -r line; do
-  case "$line" in
-    done) exit 0 ;;
-    wait\ *) pid=${line#wait } ;;
-  esac
-done
-if [ -n "$pid" ]; then
-  while [ -e "/proc/$pid" ] && ! grep -q '^State:.*[ZX]' "/proc/$pid/status" 2>/dev/null; do sleep 0.1; done
-fi
-exec "$0" --root "$1" resume "$2"
-"#;
-
-impl<'a> ThawGuard<'a> {
-    fn arm(runc: &'a Runc, id: &'a str, armed: bool) -> Self {
-        let watchdog = armed
-            .then(|| {
-                use std::os::unix::process::CommandExt;
-                let mut child = Command::new("sh")
-                    .arg("-c")
-                    .arg(WATCHDOG)
-                    .arg(&runc.binary)
-                    .arg(&runc.root)
-                    .arg(id)
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .process_group(0)
-                    .spawn()
-                    .map_err(|e| warn!(error = %e, "could not start the thaw watchdog"))
-                    .ok()?;
-                let stdin = child.stdin.take()?;
-                Some((child, stdin))
-            })
-            .flatten();
-        Self {
-            runc,
-            id,
-            armed,
-            watchdog,
-        }
-    }
-
-    fn watch(&mut self, dump: &Child) {
-        if let Some((_, stdin)) = &mut self.watchdog {
-            let _ = writeln!(stdin, "wait {}", dump.id());
-        }
-    }
-
-    /// Resumes now; errors if the container could not be resumed.
-    fn release(&mut self) -> Result<(), EngineError> {
-        let res = if self.armed {
-            resume(self.runc, self.id)
-        } else {
-            Ok(())
-        };
-        self.disarm();
-        res
-    }
-
-    /// The checkpoint ended without needing a resume (stop mode): tell the watchdog.
-    fn disarm(&mut self) {
-        self.armed = false;
-        if let Some((mut child, mut stdin)) = self.watchdog.take() {
-            let _ = writeln!(stdin, "done");
-            drop(stdin);
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for ThawGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            if let Err(e) = resume(self.runc, self.id) {
-                warn!(container = self.id, error = %e, "could not resume the container after a failed checkpoint");
-            }
-        }
-        self.disarm();
-    }
-}
-
-/// Resumes a paused container; one that is already running (CRIU thawed it) is fine.
-fn resume(runc: &Runc, id: &str) -> Result<(), EngineError> {
-    match runc.resume(id) {
-        Ok(()) => Ok(()),
-        Err(e) => match runc.state(id) {
-            Ok(s) if s.status != "paused" => Ok(()),
-            _ => Err(e),
-        },
-    }
 }
 
 /// A process-tree checkpoint request.

@@ -5,6 +5,8 @@
 //!
 //! - [`checkpoint::checkpoint_container`]: freeze (runc pause) → filesystem capture → CRIU dump
 //!   through `runc checkpoint` → thaw, so files and memory describe the same instant;
+//! - [`checkpoint::checkpoint_pod`]: the same for every container of a pod at one instant
+//!   (all paused before any is captured);
 //! - [`checkpoint::checkpoint_process`]: CRIU dump of a process tree through CRIU's RPC;
 //! - [`restore::restore_container`] / [`restore::restore_process`]: the reverse.
 //!
@@ -16,6 +18,7 @@ pub mod cuda;
 pub mod error;
 pub mod image;
 pub mod node;
+mod pod;
 pub mod proctree;
 pub mod restore;
 pub mod rootfs;
