@@ -1,9 +1,7 @@
 //! Wiring: the store, keys, executor, node-api server, metrics endpoint and (unless standalone)
 //! the Kubernetes side; runs until SIGTERM/SIGINT, then removes the node-ready label.
 
-use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,51 +17,7 @@ use crate::node::{Agent, Busy, Standalone};
 use stasis_service::admin::{self, Readiness};
 use stasis_service::shutdown::Shutdown;
 
-/// Where the key broker is and how to reach it.
-#[derive(Debug, Clone)]
-pub struct KeyBroker {
-    /// `https://<controller service>.<namespace>.svc:<port>`.
-    pub url: String,
-    /// PEM CA of the broker's certificate.
-    pub ca: PathBuf,
-    /// The projected service-account token for the broker's audience.
-    pub token: PathBuf,
-}
-
-/// Everything the agent is configured with (the binary fills it from flags and environment).
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub node_name: String,
-    pub namespace: String,
-    /// The RuntimeClass that opts a pod in: only its pods are checkpointed.
-    pub runtime_class: String,
-    pub store: String,
-    pub cluster_key_file: Option<PathBuf>,
-    /// Data keys from stasis-controller's key broker instead of the cluster key (which the node
-    /// then never holds).
-    pub key_broker: Option<KeyBroker>,
-    pub key_file: Option<PathBuf>,
-    pub runc_root: PathBuf,
-    pub socket: PathBuf,
-    pub plans_dir: PathBuf,
-    pub images_dir: PathBuf,
-    pub work_dir: PathBuf,
-    pub metrics_addr: Option<SocketAddr>,
-    pub runtime_binary: PathBuf,
-    pub containerd_configs: Vec<PathBuf>,
-    pub check_interval: Duration,
-    pub plan_ttl: Duration,
-    pub tcp_established: bool,
-    /// Keep a reference to each container's latest checkpoint (restarts in place).
-    pub keep_latest: bool,
-    /// The node's chunk cache (encrypted chunk objects as the store has them).
-    pub chunk_cache_dir: PathBuf,
-    /// Its bound in bytes; `None`: [`CACHE_SHARE_PERCENT`] of its filesystem; `Some(0)`: none.
-    pub chunk_cache_bytes: Option<u64>,
-    pub standalone: bool,
-    /// The cloud notice watcher (spot reclaim, preemption, maintenance).
-    pub cloud: crate::notice::NoticeSettings,
-}
+pub use crate::config::{Config, KeyBroker};
 
 /// The default bound of the chunk cache: this share of the size of the filesystem that holds it.
 pub const CACHE_SHARE_PERCENT: u64 = 10;
@@ -123,19 +77,20 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
                 .map_err(AgentError::NoClient)?,
         )
     };
-    let keys: Arc<dyn KeySource> = match (&cfg.key_file, &cfg.cluster_key_file, &client) {
+    let keys: Arc<dyn KeySource> = match (&cfg.key_file, &cfg.key_broker.url, &client) {
         (Some(k), _, _) => Arc::new(StaticKey(Key::load(k)?)),
-        (None, _, Some(_)) if cfg.key_broker.is_some() => {
-            let b = cfg.key_broker.as_ref().expect("checked");
+        (None, Some(url), Some(_)) => {
+            let b = &cfg.key_broker;
             let _guard = rt.enter();
-            let broker = crate::k8s::BrokerClient::new(&b.url, &b.ca, &b.token)?;
-            tracing::info!(url = %b.url, "data keys from the key broker; no cluster key on this node");
+            let broker = crate::k8s::BrokerClient::new(url, &b.ca, &b.token)?;
+            tracing::info!(%url, "data keys from the key broker; no cluster key on this node");
             Arc::new(crate::k8s::SecretKeys::new(
                 rt.handle().clone(),
                 crate::k8s::KeyOrigin::Broker(broker),
             ))
         }
-        (None, Some(ck), Some(client)) => {
+        (None, None, Some(client)) => {
+            let ck = &cfg.cluster_key_file;
             let ring = ClusterKey::load(ck).map_err(AgentError::io(ck))??;
             tracing::info!(cluster_key = %ring.id(), retired = ?ring.retired_ids(), "cluster key loaded");
             Arc::new(crate::k8s::SecretKeys::new(
@@ -161,8 +116,8 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
             plans_dir: cfg.plans_dir.clone(),
             node_name: cfg.node_name.clone(),
             plan_ttl: cfg.plan_ttl,
-            tcp_established: cfg.tcp_established,
-            keep_latest: cfg.keep_latest,
+            tcp_established: !cfg.no_tcp_established,
+            keep_latest: !cfg.no_keep_latest,
         },
         store,
         keys,
@@ -216,7 +171,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
             let t = crate::k8s::label_loop(&running, settings.clone(), stop.clone());
             rt.spawn(crate::notice::run(
                 running.cluster.clone(),
-                cfg.cloud.clone(),
+                cfg.cloud.settings(),
                 stop.clone(),
             ));
             rt.spawn(crate::memory::run(
