@@ -330,6 +330,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             max_records_per_namespace: a.max_records_per_namespace,
         },
         store,
+        shutdown: shutdown.clone(),
     };
     tokio::select! {
         r = reconcile::run(setup) => {

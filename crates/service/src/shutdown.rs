@@ -58,6 +58,13 @@ impl Shutdown {
         // Err: every sender is gone, which cannot happen while `self` holds one.
         let _ = rx.wait_for(|stop| *stop).await;
     }
+
+    /// [`Shutdown::wait`] as an owned future, for APIs that keep it (kube-runtime's
+    /// `Controller::graceful_shutdown_on`).
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + Sync + 'static {
+        let s = self.clone();
+        async move { s.wait().await }
+    }
 }
 
 /// The first SIGTERM or SIGINT (ctrl-c alone where SIGTERM cannot be handled).
@@ -94,5 +101,6 @@ mod tests {
         assert!(b.is_triggered());
         // Awaiting after the stop returns at once.
         b.wait().await;
+        b.stopped().await;
     }
 }

@@ -38,6 +38,7 @@ use stasis_api::{
 use stasis_core::lineage::{retention, Lineage, LineageCheckpoint};
 use stasis_core::policy::parse_duration;
 use stasis_core::reference::{CheckpointId, CheckpointRef};
+use stasis_service::shutdown::Shutdown;
 
 use crate::holder::{checkpoint_pod_uid, holder_state};
 use crate::metrics::Metrics;
@@ -193,9 +194,12 @@ pub struct Setup {
     pub metrics: Metrics,
     pub cfg: ControllerConfig,
     pub store: Option<stasis_store::Store>,
+    /// The process's stop (its signal handler is the binary's): the reconcilers finish what
+    /// they are doing and return.
+    pub shutdown: Shutdown,
 }
 
-/// Runs the reconcilers and the sweep until a shutdown signal.
+/// Runs the reconcilers and the sweep until `setup.shutdown`.
 pub async fn run(setup: Setup) -> Result<()> {
     let client = setup.client.clone();
     let wc = watcher::Config::default;
@@ -243,7 +247,7 @@ pub async fn run(setup: Setup) -> Result<()> {
         store: setup.store,
     });
     let cks = ck_ctrl
-        .shutdown_on_signal()
+        .graceful_shutdown_on(setup.shutdown.stopped())
         .run(
             reconcile_checkpoint,
             error_policy("checkpoints"),
@@ -251,24 +255,30 @@ pub async fn run(setup: Setup) -> Result<()> {
         )
         .for_each(drain("checkpoints"));
     let prs = pr_ctrl
-        .shutdown_on_signal()
+        .graceful_shutdown_on(setup.shutdown.stopped())
         .run(reconcile_restore, error_policy("restores"), ctx.clone())
         .for_each(drain("restores"));
     let pols = pol_ctrl
-        .shutdown_on_signal()
+        .graceful_shutdown_on(setup.shutdown.stopped())
         .run(reconcile_policy, error_policy("policies"), ctx.clone())
         .for_each(drain("policies"));
     // Heartbeats wait until the checkpoints, policies and records are known: an empty cache
     // would schedule checkpoints that already exist.
     let pods = {
-        let ctx = ctx.clone();
+        let (ctx, shutdown) = (ctx.clone(), setup.shutdown.clone());
         async move {
-            stasis_api::cache::wait_ready(&ctx.checkpoints).await;
-            stasis_api::cache::wait_ready(&ctx.policies).await;
-            stasis_api::cache::wait_ready(&ctx.record_maps).await;
+            let caches = async {
+                stasis_api::cache::wait_ready(&ctx.checkpoints).await;
+                stasis_api::cache::wait_ready(&ctx.policies).await;
+                stasis_api::cache::wait_ready(&ctx.record_maps).await;
+            };
+            tokio::select! {
+                _ = caches => {}
+                _ = shutdown.wait() => return,
+            }
             tracing::info!("caches ready: reconciling pods");
             pod_ctrl
-                .shutdown_on_signal()
+                .graceful_shutdown_on(shutdown.stopped())
                 .run(reconcile_pod, error_policy("pods"), ctx.clone())
                 .for_each(drain("pods"))
                 .await
