@@ -7,12 +7,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn checkpoint(w: &World, id: &str, extra: &[&str]) -> Run {
-    let mut args = vec!["checkpoint", "container", id, "--workload", "counter"];
-    args.extend_from_slice(extra);
-    w.stasis(&args)
-}
-
 #[test]
 fn checkpoint_sigkill_restore_continues_with_state_and_port() {
     if !ready("checkpoint_sigkill_restore_continues_with_state_and_port") {
@@ -52,7 +46,7 @@ fn checkpoint_sigkill_restore_continues_with_state_and_port() {
         "counts do not continue: {counts:?}"
     );
     assert!(!r.corrupt(), "restored state is corrupt: {:?}", r.lines());
-    let answer = ask_port(port).expect("restored container does not answer on its port");
+    let answer = ask_line(port).expect("restored container does not answer on its port");
     assert!(
         answer.starts_with("count=") && answer.ends_with("state=ok"),
         "{answer}"
@@ -152,7 +146,7 @@ fn corrupt_or_missing_chunk_is_named_and_leaves_no_container() {
     let mut w = World::new();
     w.start("chunk-a", &["STATE_MB=16"]);
     checkpoint(&w, "chunk-a", &[]).expect_ok("checkpoint");
-    let chunks: Vec<_> = walk_files(&w.path("store/chunks"));
+    let chunks: Vec<_> = files_under(&w.path("store/chunks"));
     assert!(chunks.len() > 2);
     // Corrupt the largest chunk (a memory page chunk), then remove another.
     let mut by_size = chunks.clone();
@@ -394,21 +388,6 @@ fn established_tcp_connection_survives_a_stop_mode_checkpoint() {
         last = count_of(&line).unwrap_or(last);
     }
     assert!(last > before, "no new counts on the old connection");
-}
-
-fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk_files(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 #[test]

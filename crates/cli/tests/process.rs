@@ -95,7 +95,7 @@ fn process_checkpoint_kill_restore_continues() {
         counts[0]
     );
     assert!(!after.corrupt());
-    let answer = ask_port(port).expect("restored process does not answer on its port");
+    let answer = ask_line(port).expect("restored process does not answer on its port");
     assert!(answer.ends_with("state=ok"), "{answer}");
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),

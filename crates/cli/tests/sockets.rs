@@ -32,28 +32,6 @@ fn netns_bundle(w: &World, name: &str) -> PathBuf {
     )
 }
 
-/// Runs `f` on a thread inside the network namespace of `pid` (sockets it makes stay there).
-fn in_netns<T: Send + 'static>(
-    pid: i32,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).unwrap();
-    std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-}
-
-/// runc leaves a new network namespace's loopback down.
-fn lo_up(pid: i32) {
-    let up = in_netns(pid, || {
-        Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status()
-    });
-    assert!(up.join().unwrap().unwrap().success(), "lo up");
-}
-
 /// A client holding a connection to the stream port: the counts it received, and whether the
 /// connection ended.
 struct Held {
@@ -122,25 +100,6 @@ fn churn(pid: i32, stop: Arc<AtomicBool>, answered: Arc<AtomicU64>) -> std::thre
     })
 }
 
-/// One line from the line port of the container `pid`'s namespace.
-fn ask_in(pid: i32, port: u16) -> Option<String> {
-    in_netns(pid, move || {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-        let mut line = String::new();
-        BufReader::new(&mut s).read_line(&mut line).ok()?;
-        Some(line.trim().to_owned())
-    })
-    .join()
-    .unwrap()
-}
-
-fn checkpoint(w: &World, id: &str, extra: &[&str]) -> Run {
-    let mut args = vec!["checkpoint", "container", id, "--workload", "server"];
-    args.extend_from_slice(extra);
-    w.stasis(&args)
-}
-
 fn restore(w: &mut World, id: &str, extra: &[&str]) -> (Run, Container) {
     let bundle = netns_bundle(w, &format!("bundle-{id}"));
     w.restore_into("server/latest", id, bundle, extra)
@@ -155,7 +114,7 @@ fn a_busy_server_checkpoints_and_restores_into_a_new_netns_and_clients_reconnect
     let bundle = netns_bundle(&w, "bundle-srv-a");
     let c = w.start_bundle("srv-a", &bundle);
     let pid = w.pid("srv-a");
-    lo_up(pid);
+    loopback_up(pid);
     let held: Vec<Held> = (0..3).map(|_| hold(pid)).collect();
     held[0].wait_lines(2);
     let stop = Arc::new(AtomicBool::new(false));
@@ -173,7 +132,8 @@ fn a_busy_server_checkpoints_and_restores_into_a_new_netns_and_clients_reconnect
         let a0 = answered.load(SeqCst);
         at_last = c.last_count();
         let t = Instant::now();
-        checkpoint(&w, "srv-a", &[]).expect_ok(&format!("checkpoint {i} of a busy server"));
+        checkpoint_as(&w, "server", "srv-a", &[])
+            .expect_ok(&format!("checkpoint {i} of a busy server"));
         let busy = answered.load(SeqCst) - a0;
         eprintln!(
             "checkpoint {i}: {} ms, {busy} connections answered meanwhile",
@@ -224,7 +184,7 @@ fn a_busy_server_checkpoints_and_restores_into_a_new_netns_and_clients_reconnect
     assert_eq!(s.listening.len(), 2, "listening sockets: {s:?}");
     // Clients reconnect and get the restored process: the line port answers, a new held
     // connection streams counts that continue from the checkpoint.
-    let answer = ask_in(rpid, LINE_PORT).expect("restored line port does not answer");
+    let answer = ask_line_in(rpid, LINE_PORT).expect("restored line port does not answer");
     assert!(answer.ends_with("state=ok"), "{answer}");
     assert!(count_of(&answer).unwrap() >= first, "{answer}");
     let again = hold(rpid);
@@ -245,13 +205,13 @@ fn no_tcp_established_closes_connections_at_checkpoint_and_at_restore() {
     let bundle = netns_bundle(&w, "bundle-nt-a");
     w.start_bundle("nt-a", &bundle);
     let pid = w.pid("nt-a");
-    lo_up(pid);
+    loopback_up(pid);
     let h = hold(pid);
     h.wait_lines(2);
 
     // --no-tcp-established at checkpoint: the connection is neither dumped nor disturbed (before:
     // "Connected TCP socket, consider using --tcp-established option", B4).
-    checkpoint(&w, "nt-a", &["--no-tcp-established"])
+    checkpoint_as(&w, "server", "nt-a", &["--no-tcp-established"])
         .expect_ok("checkpoint --no-tcp-established with a held connection");
     h.wait_lines(3);
     let (run, r) = restore(&mut w, "nt-b", &["-o", "json"]);
@@ -259,17 +219,17 @@ fn no_tcp_established_closes_connections_at_checkpoint_and_at_restore() {
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["tcp"]["tcp"], "close", "{report}");
     r.wait_count(2);
-    assert!(ask_in(w.pid("nt-b"), LINE_PORT).is_some_and(|l| l.ends_with("state=ok")));
+    assert!(ask_line_in(w.pid("nt-b"), LINE_PORT).is_some_and(|l| l.ends_with("state=ok")));
 
     // A checkpoint with the state dumped, restored with --no-tcp-established (before:
     // "Connected TCP socket in image").
-    checkpoint(&w, "nt-a", &[]).expect_ok("checkpoint with the connection dumped");
+    checkpoint_as(&w, "server", "nt-a", &[]).expect_ok("checkpoint with the connection dumped");
     let (run, r) = restore(&mut w, "nt-c", &["--no-tcp-established", "-o", "json"]);
     let out = run.expect_ok("restore --no-tcp-established");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["tcp"]["tcp"], "close", "{report}");
     r.wait_count(2);
-    assert!(ask_in(w.pid("nt-c"), LINE_PORT).is_some_and(|l| l.ends_with("state=ok")));
+    assert!(ask_line_in(w.pid("nt-c"), LINE_PORT).is_some_and(|l| l.ends_with("state=ok")));
     // The original never noticed.
     h.wait_lines(2);
 }
@@ -298,7 +258,7 @@ fn a_process_tree_with_a_held_connection_restores_with_it_closed() {
             .unwrap();
         let pid = child.id();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while ask_port(line).is_none() {
+        while ask_line(line).is_none() {
             assert!(Instant::now() < deadline, "the counter does not answer");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -336,7 +296,7 @@ fn a_process_tree_with_a_held_connection_restores_with_it_closed() {
         assert_eq!(report["tcp"]["connections"], 1, "{report}");
         let s = stasis_engine::sockets::scan(&[pid as i32]);
         assert!(s.connections.is_empty(), "restored connections: {s:?}");
-        let answer = ask_port(line).expect("the restored process does not answer");
+        let answer = ask_line(line).expect("the restored process does not answer");
         assert!(answer.ends_with("state=ok"), "{answer}");
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),

@@ -9,13 +9,17 @@
 //! - [`bundle`]: counter bundles from `scripts/make-bundle`, shaped the way containerd shapes a
 //!   pod's (an overlay rootfs, CRI annotations, a network namespace joined by path).
 //! - [`counter`]: reading the counter workload's `count=<n> state=ok` lines.
+//! - [`net`]: a TCP port for a server the test starts, which the kernel does not hand out to
+//!   anyone else meanwhile; a line from such a server; a container's network namespace.
 
 pub mod bundle;
 pub mod counter;
+pub mod net;
 mod ready;
 mod world;
 
 pub use bundle::Overlay;
+pub use net::free_port;
 pub use ready::Requirements;
 pub use world::{Lines, RuncRoot, World};
 

@@ -14,8 +14,12 @@ use std::time::{Duration, Instant};
 
 // (each test binary includes this module and uses some of it)
 #[allow(unused_imports)]
-pub use stasis_testkit::{bundle, counter::count_of, repo, Overlay};
+pub use stasis_testkit::net::{ask_line, ask_line_in, free_port, in_netns, loopback_up};
+#[allow(unused_imports)]
+pub use stasis_testkit::{bundle, bundle::edit_config, counter::count_of, repo, Overlay};
 use stasis_testkit::{Requirements, RuncRoot};
+
+pub mod safety;
 
 pub const STASIS: &str = env!("CARGO_BIN_EXE_stasis");
 
@@ -278,22 +282,32 @@ impl Run {
     }
 }
 
-/// Reads one line from a TCP port on loopback.
-pub fn ask_port(port: u16) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-    let mut line = String::new();
-    BufReader::new(&mut s).read_line(&mut line).ok()?;
-    Some(line.trim().to_owned())
+/// `stasis checkpoint container <id> --workload counter <extra>`.
+pub fn checkpoint(w: &World, id: &str, extra: &[&str]) -> Run {
+    checkpoint_as(w, "counter", id, extra)
 }
 
-/// A free TCP port on loopback.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `stasis checkpoint container <id> --workload <workload> <extra>`.
+pub fn checkpoint_as(w: &World, workload: &str, id: &str, extra: &[&str]) -> Run {
+    let mut args = vec!["checkpoint", "container", id, "--workload", workload];
+    args.extend_from_slice(extra);
+    w.stasis(&args)
+}
+
+/// Every file below `dir` (none when it does not exist).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(files_under(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
 
 /// The kit's overlay rootfs over a counter bundle, its "image" with a directory with content
