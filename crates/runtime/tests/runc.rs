@@ -1,179 +1,26 @@
 //! `stasis-runc` driven the way containerd's runc shim drives it, with real runc and CRIU:
-//! a restore through `create` + `start` from a plan file, a cold start without a plan, a final
-//! checkpoint request on SIGTERM, and the overhead of the wrapper on `create`.
+//! a restore through `create` + `start` from a plan file, a final checkpoint request on SIGTERM,
+//! a cold start without a plan, the real containerd shim, and the overhead of the wrapper on
+//! `create`. `runc_pod.rs` restores a pod-shaped container.
 //!
 //! Needs root, CRIU >= 4.2, runc and the counter image (`scripts/setup`,
 //! `scripts/build-counter-image`); run under a reaping subreaper (`make integration` runs
 //! `tini -s -- cargo test ...`). Without them each test prints SKIPPED (and fails when `CI` is
 //! set).
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::*;
 use stasis_engine::checkpoint::{checkpoint_container, ContainerCheckpoint};
 use stasis_engine::image::ImageDir;
 use stasis_node_api::planfile::{self, PlanFile};
-use stasis_node_api::server::TestServer;
-use stasis_node_api::{
-    ColdStartCause, Plan, ReportEvent, Request, RequestBody, ResponseBody, RootfsMethod,
-    PROTOCOL_VERSION,
-};
-use stasis_testkit::counter::count_of;
-use stasis_testkit::{repo, Requirements, World};
-
-const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
-
-fn ready(test: &str) -> bool {
-    Requirements::containers(test).met()
-}
-
-/// What these tests add to a [`World`]: the wrapper run the way the shim runs it.
-trait Wrapper {
-    fn wrapper(&self) -> Command;
-    fn globals(&self) -> Vec<String>;
-    fn log(&self) -> String;
-    fn state(&self, id: &str) -> String;
-    fn create(
-        &mut self,
-        bundle: &Path,
-        id: &str,
-    ) -> (std::process::ExitStatus, mpsc::Receiver<String>);
-    fn wrap(&self, args: &[&str]) -> Output;
-}
-
-impl Wrapper for World {
-    /// The wrapper with this world's settings.
-    fn wrapper(&self) -> Command {
-        // STASIS_RUNC_UNDER_TEST: another build of the wrapper (e.g. target/release/stasis-runc).
-        let mut c =
-            Command::new(std::env::var_os("STASIS_RUNC_UNDER_TEST").unwrap_or(WRAPPER.into()));
-        c.env("STASIS_RUN_DIR", self.run_dir())
-            .env_remove("STASIS_REAL_RUNC")
-            .env_remove("STASIS_AGENT_SOCKET")
-            .env_remove("STASIS_RUNC_PASSTHROUGH")
-            .env("STASIS_FINAL_CHECKPOINT_TIMEOUT_MS", "3000");
-        c
-    }
-
-    /// `--root R --log L --log-format json`, as the shim passes them.
-    fn globals(&self) -> Vec<String> {
-        vec![
-            "--root".into(),
-            self.runc_root.display().to_string(),
-            "--log".into(),
-            self.path("log.json").display().to_string(),
-            "--log-format".into(),
-            "json".into(),
-        ]
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("log.json")).unwrap_or_default()
-    }
-
-    fn state(&self, id: &str) -> String {
-        self.runc().state(id).map(|s| s.status).unwrap_or_default()
-    }
-
-    /// `stasis-runc <globals> create --bundle B --pid-file P <id>` with stdout on a pipe (as the
-    /// shim gives it), returning the exit output and a channel of the container's stdout lines.
-    fn create(
-        &mut self,
-        bundle: &Path,
-        id: &str,
-    ) -> (std::process::ExitStatus, mpsc::Receiver<String>) {
-        self.track(id);
-        let mut child = self
-            .wrapper()
-            .args(self.globals())
-            .arg("create")
-            .arg("--bundle")
-            .arg(bundle)
-            .arg("--pid-file")
-            .arg(self.path(&format!("{id}.pid")))
-            .arg(id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(self.path(&format!("{id}.stderr"))).unwrap())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let st = child.wait().unwrap();
-        (st, rx)
-    }
-
-    fn wrap(&self, args: &[&str]) -> Output {
-        self.wrapper()
-            .args(self.globals())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}\n{}\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn next_count(rx: &mpsc::Receiver<String>) -> (u64, String) {
-    loop {
-        let l = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("no line from the container within 10 s");
-        if let Some(c) = count_of(&l) {
-            return (c, l);
-        }
-    }
-}
-
-/// A test agent: no plans over the socket, final checkpoints "done", reports recorded.
-fn agent(path: &Path) -> TestServer {
-    TestServer::start(path, |req: &Request| match &req.body {
-        RequestBody::Ping => Some(ResponseBody::Pong {
-            agent: "test".into(),
-        }),
-        RequestBody::RestorePlan(_) => Some(ResponseBody::NoPlan {
-            reason: "no PodRestore for this pod".into(),
-        }),
-        RequestBody::FinalCheckpoint(f) => Some(ResponseBody::Done {
-            checkpoint_ref: format!("final-of-{}", f.container_id),
-            end_with_kill: false,
-        }),
-        RequestBody::ContainerExited(_) => Some(ResponseBody::NoPlan {
-            reason: "test agent".into(),
-        }),
-        RequestBody::Report(_) => None,
-    })
-    .unwrap()
-}
-
-fn reports(srv: &TestServer, n: usize) -> Vec<(String, ReportEvent)> {
-    srv.wait_for(n, Duration::from_secs(3))
-        .into_iter()
-        .filter_map(|r| match r.body {
-            RequestBody::Report(r) => Some((r.container_id, r.event)),
-            _ => None,
-        })
-        .collect()
-}
+use stasis_node_api::{ColdStartCause, Plan, ReportEvent, Request, RequestBody, PROTOCOL_VERSION};
+use stasis_testkit::counter::last_count;
+use stasis_testkit::{repo, World};
 
 #[test]
 fn create_restores_from_a_plan_file_and_start_is_a_no_op() {
@@ -187,36 +34,8 @@ fn create_restores_from_a_plan_file_and_start_is_a_no_op() {
     // The original: plain runc, stdout and stderr on pipes (CRIU cannot dump a container whose
     // stdio is a host file; the shim gives pipes too).
     let b1 = w.bundle("b1", &env);
-    w.track("c1");
-    let mut child = Command::new("runc")
-        .arg("--root")
-        .arg(&w.runc_root)
-        .args(["run", "-d", "--bundle"])
-        .arg(&b1)
-        .arg("c1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c1_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    {
-        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let lines = c1_lines.clone();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                lines.lock().unwrap().push(l);
-            }
-        });
-        std::thread::spawn(move || for _ in BufReader::new(err).lines().map_while(Result::ok) {});
-    }
-    let st = child.wait().unwrap();
-    assert!(st.success(), "runc run: {st}");
-    let until = Instant::now() + Duration::from_secs(10);
-    while c1_lines.lock().unwrap().len() < 8 {
-        assert!(Instant::now() < until, "c1 prints nothing");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let c1_lines = w.run_piped(&b1, "c1");
+    wait_lines(&c1_lines, 8);
     // A file the workload "wrote" after it started: must come back through the rootfs diff.
     std::fs::write(b1.join("rootfs/note.txt"), "written before the checkpoint").unwrap();
 
@@ -231,13 +50,7 @@ fn create_restores_from_a_plan_file_and_start_is_a_no_op() {
     })
     .expect("checkpoint c1");
     std::thread::sleep(Duration::from_millis(100));
-    let last = c1_lines
-        .lock()
-        .unwrap()
-        .iter()
-        .rev()
-        .find_map(|l| count_of(l))
-        .unwrap();
+    let last = last_count(&c1_lines).unwrap();
     runc.delete_force("c1").unwrap();
 
     // The agent's part: a verified image dir and a plan file for the new container id.
@@ -413,168 +226,6 @@ fn create_without_a_plan_is_a_cold_start() {
         let out = w.wrap(&["delete", "--force", id]);
         assert!(out.status.success(), "delete: {}", text(&out));
     }
-}
-
-/// `head -1` of a TCP connection to 127.0.0.1:`port` inside the network namespace of `pid`.
-fn ask_in_netns(pid: i32, port: u16) -> String {
-    let out = Command::new("nsenter")
-        .args(["-t", &pid.to_string(), "-n", "bash", "-c"])
-        .arg(format!(
-            "exec 3<>/dev/tcp/127.0.0.1/{port} && timeout 5 head -1 <&3"
-        ))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-#[test]
-fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
-    if !ready("pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan") {
-        return;
-    }
-    let mut w = World::new("pod");
-    const PORT: u16 = 18080;
-    let env = ["STATE_MB=16", "INTERVAL_MS=100", "LISTEN_PORT=18080"];
-    let sandbox = |uid: &str| serde_json::json!({"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-uid": uid});
-    let app = |uid: &str| {
-        serde_json::json!({
-            "io.kubernetes.cri.container-type": "container",
-            "io.kubernetes.cri.sandbox-id": format!("sb-{uid}"),
-            "io.kubernetes.cri.sandbox-uid": uid,
-            "io.kubernetes.cri.sandbox-namespace": "default",
-            "io.kubernetes.cri.sandbox-name": format!("counter-{uid}"),
-            "io.kubernetes.cri.container-name": "app",
-        })
-    };
-
-    // Pod A: a sandbox holding the network namespace, and the app container joining it.
-    let sb1 = w.cri_bundle("sb1", &["STATE_MB=1"], &sandbox("uid-a"), None);
-    w.run_piped(&sb1, "sb1");
-    let sb1_pid = w.pid("sb1");
-    let lo = |pid: i32| {
-        let st = Command::new("nsenter")
-            .args([
-                "-t",
-                &pid.to_string(),
-                "-n",
-                "ip",
-                "link",
-                "set",
-                "lo",
-                "up",
-            ])
-            .status()
-            .unwrap();
-        assert!(st.success(), "lo up");
-    };
-    lo(sb1_pid);
-    let netns1 = PathBuf::from(format!("/proc/{sb1_pid}/ns/net"));
-    let b1 = w.cri_bundle("b1", &env, &app("uid-a"), Some(&netns1));
-    let c1_lines = w.run_piped(&b1, "c1");
-    let until = Instant::now() + Duration::from_secs(10);
-    while c1_lines.lock().unwrap().len() < 8 {
-        assert!(Instant::now() < until, "c1 prints nothing");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(ask_in_netns(sb1_pid, PORT).starts_with("count="));
-    std::fs::write(b1.join("rootfs/data.txt"), "pod A wrote this").unwrap();
-    std::fs::remove_file(b1.join("rootfs/etc/group")).ok();
-
-    let img = ImageDir::new(w.path("img"));
-    let cap = checkpoint_container(&ContainerCheckpoint {
-        runc: &w.runc(),
-        id: "c1",
-        image: &img,
-        leave_running: false,
-        tcp_established: true,
-    })
-    .expect("checkpoint c1");
-    assert_eq!(
-        cap.rootfs.as_ref().map(|r| r.method),
-        Some(RootfsMethod::OverlayUpper)
-    );
-    std::thread::sleep(Duration::from_millis(100));
-    let last = c1_lines
-        .lock()
-        .unwrap()
-        .iter()
-        .rev()
-        .find_map(|l| count_of(l))
-        .unwrap();
-    w.runc().delete_force("c1").unwrap();
-
-    // The replacement pod B (another uid, another sandbox); the agent's plan names its pod and
-    // container, since containerd picks the container id only at create.
-    planfile::write_verified_stamp(&img.root, "default/counter/a/1").unwrap();
-    let plans = w.run_dir().join("plans");
-    planfile::write(
-        &planfile::path_for_pod(&plans, "uid-b", "app").unwrap(),
-        &PlanFile {
-            v: PROTOCOL_VERSION,
-            container_id: None,
-            pod_uid: Some("uid-b".into()),
-            container_name: Some("app".into()),
-            plan: Plan {
-                image_dir: img.root.clone(),
-                rootfs_method: Some(RootfsMethod::OverlayUpper),
-                checkpoint_ref: "default/counter/a/1".into(),
-                tcp_established: true,
-            },
-            expires_at_unix_ms: None,
-        },
-    )
-    .unwrap();
-    let srv = agent(&w.run_dir().join("agent.sock"));
-    let sb2 = w.cri_bundle("sb2", &["STATE_MB=1"], &sandbox("uid-b"), None);
-    // The sandbox's create goes through the wrapper too, untouched.
-    let (st, _sb_out) = w.create(&sb2, "sb2");
-    assert!(st.success());
-    assert!(w.wrap(&["start", "sb2"]).status.success());
-    let sb2_pid = w.pid("sb2");
-    lo(sb2_pid);
-    let netns2 = PathBuf::from(format!("/proc/{sb2_pid}/ns/net"));
-    let b2 = w.cri_bundle("b2", &env, &app("uid-b"), Some(&netns2));
-    let (st, rx) = w.create(&b2, "c2");
-    assert!(st.success(), "create: {st}; log: {}", w.log());
-    assert!(w.wrap(&["start", "c2"]).status.success());
-    let (first, line) = next_count(&rx);
-    eprintln!("pod A checkpointed at count={last}; pod B's container: {line}");
-    assert!(
-        first > last && first <= last + 3,
-        "{line} after count={last}; log: {}",
-        w.log()
-    );
-    assert!(line.contains("state=ok"));
-    let answer = ask_in_netns(sb2_pid, PORT);
-    assert!(
-        answer.starts_with("count=") && answer.contains("state=ok"),
-        "{answer:?}"
-    );
-    assert_eq!(
-        std::fs::read_to_string(b2.join("rootfs/data.txt")).unwrap(),
-        "pod A wrote this"
-    );
-    assert!(
-        !b2.join("rootfs/etc/group").exists(),
-        "a deletion replays as a whiteout"
-    );
-    assert!(
-        b2.join("lower/etc/group").exists(),
-        "the image layer is untouched"
-    );
-    assert!(!plans.join("pod_uid-b_app.json").exists());
-    let r = srv.wait_for(1, Duration::from_secs(3));
-    assert!(
-        r.iter().any(|q| matches!(&q.body, RequestBody::Report(rep)
-            if rep.container_id == "c2" && rep.pod.pod_uid == "uid-b" && rep.pod.container_name == "app"
-            && matches!(rep.event, ReportEvent::Restored { .. }))),
-        "{r:?}"
-    );
-    assert!(
-        !r.iter()
-            .any(|q| matches!(&q.body, RequestBody::Report(rep) if rep.container_id == "sb2")),
-        "sandboxes are not reported"
-    );
 }
 
 /// containerd's binaries: `STASIS_CONTAINERD_BIN`, else what `scripts/cluster` builds into
