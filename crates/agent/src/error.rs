@@ -19,8 +19,10 @@ pub enum AgentError {
     },
     #[error("no app container of pod {pod_uid} found in runc root {root}")]
     NoContainer { pod_uid: String, root: PathBuf },
-    #[error("pod {pod_uid} has {count} app containers and stasis checkpoints only pods with one: this pod is not checkpointed, and it starts from the beginning when it is evicted or deleted")]
-    ManyContainers { pod_uid: String, count: usize },
+    #[error("not every container of the pod is running ({0} is not): a pod is checkpointed with all its containers at one instant, so this checkpoint is not taken; the next one is, once they all run")]
+    PodIncomplete(String),
+    #[error("incompatible checkpoint: the pod's containers are not the checkpoint's ({0}); a pod restores all its containers or none")]
+    ContainersDiffer(String),
     #[error("container {0} is unknown to runc or is a pod sandbox")]
     UnknownContainer(String),
     #[error("fenced: {0}")]
@@ -85,14 +87,16 @@ impl AgentError {
             AgentError::Store(_) => "store",
             AgentError::Io { .. } => "io",
             AgentError::NoContainer { .. } | AgentError::UnknownContainer(_) => "no_container",
-            AgentError::ManyContainers { .. } => "unsupported",
+            AgentError::PodIncomplete(_) => "pod_incomplete",
             AgentError::Fenced(_) => "fenced",
             AgentError::Deadline(_) => "deadline",
             AgentError::Key(_) => "key",
             AgentError::Kube(_) | AgentError::NoClient(_) => "kube",
             AgentError::KeyUnavailable(_) => "key",
             AgentError::Record(_) => "record",
-            AgentError::Incompatible(_) | AgentError::SpecHash(_) => "incompatible",
+            AgentError::Incompatible(_)
+            | AgentError::SpecHash(_)
+            | AgentError::ContainersDiffer(_) => "incompatible",
             AgentError::Invalid(_) => "invalid",
             AgentError::ManifestMismatch { .. } => "integrity",
         }
@@ -109,12 +113,13 @@ impl AgentError {
             AgentError::Key(_) | AgentError::KeyUnavailable(_) => RestoreFailure::KeyUnavailable,
             AgentError::Incompatible(_)
             | AgentError::SpecHash(_)
-            | AgentError::ManyContainers { .. } => RestoreFailure::Incompatible,
+            | AgentError::ContainersDiffer(_) => RestoreFailure::Incompatible,
             AgentError::Invalid(_) | AgentError::Record(_) => RestoreFailure::InvalidRestore,
             AgentError::Deadline(_) => RestoreFailure::Timeout,
             AgentError::Engine(_)
             | AgentError::Io { .. }
             | AgentError::NoContainer { .. }
+            | AgentError::PodIncomplete(_)
             | AgentError::UnknownContainer(_)
             | AgentError::Fenced(_)
             | AgentError::Kube(_)

@@ -16,7 +16,8 @@ use tracing::{info, warn};
 
 use crate::error::{AgentError, Result};
 use crate::executor::{
-    CheckpointJob, CheckpointOutcome, Executor, KeptLatest, NotInPlace, PrepareJob, Target,
+    CheckpointJob, CheckpointOutcome, Executor, KeptLatest, NotInPlace, PodLayout, PrepareJob,
+    Target,
 };
 use crate::fence::{self, Stamp, Verdict};
 use crate::server::NodeHandler;
@@ -39,6 +40,9 @@ pub struct PodInfo {
     /// Whether a termination checkpoint is wanted (a policy selects the pod with
     /// `onTermination: true`); the reason when not.
     pub final_wanted: std::result::Result<(), FinalNotWanted>,
+    /// Its containers by its spec (checkpointed and restored together; init containers skipped
+    /// on a restore). Default: not known.
+    pub layout: PodLayout,
 }
 
 /// Why no termination checkpoint is wanted for a pod (the `skipped` answer's reason).
@@ -106,6 +110,7 @@ impl Cluster for Standalone {
             final_wanted: Ok(()),
             restarts_in_place: true,
             clean_exit_finishes: false,
+            layout: PodLayout::default(),
         })
     }
     fn stamp(&self, pod: &PodKey) -> std::result::Result<Stamp, String> {
@@ -254,6 +259,7 @@ impl Agent {
             namespace: pod.key.namespace.clone(),
             pod_uid: pod.key.uid.clone(),
             container_name: Some(name.to_owned()),
+            layout: None,
             spec_hash: pod.spec_hash.clone(),
             image_digest: kept.image_digest.clone(),
             declared: pod.declared.clone(),
@@ -284,10 +290,7 @@ impl Agent {
         if req.deadline_ms == 0 {
             return skipped("no time given");
         }
-        let c = match self
-            .exec
-            .resolve(&Target::ContainerId(req.container_id.clone()))
-        {
+        let c = match self.exec.resolve(&req.container_id) {
             Ok(c) => c,
             Err(e) => return skipped(&e.to_string()),
         };
@@ -316,6 +319,15 @@ impl Agent {
             return skipped("no time left in the grace period");
         };
         let end_with_kill = info.clean_exit_finishes;
+        // The pod's termination checkpoint of a moment ago holds this container too (the kubelet
+        // stops a pod's containers one by one; the first stop checkpoints them all).
+        if let Some(checkpoint_ref) = self.exec.final_covering(&pod.pod_uid, &c.id) {
+            info!(container = %req.container_id, %checkpoint_ref, "held by the pod's final checkpoint");
+            return ResponseBody::Done {
+                checkpoint_ref,
+                end_with_kill,
+            };
+        }
         let (captured_tx, captured_rx) = mpsc::channel();
         let job = CheckpointJob {
             target: Target::ContainerId(c.id.clone()),
@@ -328,6 +340,7 @@ impl Agent {
             leave_running: true,
             deadline: Some(deadline),
             on_captured: req.answer_when_captured.then_some(captured_tx),
+            expected: info.layout.members.clone(),
         };
         let (tx, rx) = mpsc::channel();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());

@@ -113,39 +113,30 @@ pub fn pod_containers(all: &[RuncContainer], pod_uid: &str) -> Vec<RuncContainer
     v
 }
 
-/// The one app container of a pod to checkpoint: the named one, else the only one (pods with
-/// several distinct app containers are refused in round 1).
-pub fn app_container(
+/// The containers of a pod to checkpoint together: of each name the newest living one, in name
+/// order; only the named one when `container_name` is given.
+pub fn members(
     all: &[RuncContainer],
     root: &Path,
     pod_uid: &str,
     container_name: Option<&str>,
-) -> Result<RuncContainer> {
-    let cs = pod_containers(all, pod_uid);
+) -> Result<Vec<RuncContainer>> {
     let name_of = |c: &RuncContainer| c.pod().map(|p| p.container_name).unwrap_or_default();
-    if let Some(n) = container_name.filter(|n| !n.is_empty()) {
-        return cs
-            .into_iter()
-            .find(|c| name_of(c) == n)
-            .ok_or_else(|| AgentError::NoContainer {
-                pod_uid: pod_uid.into(),
-                root: root.into(),
-            });
+    let mut by_name: BTreeMap<String, RuncContainer> = BTreeMap::new();
+    // Newest first: the first of each name is kept.
+    for c in pod_containers(all, pod_uid) {
+        by_name.entry(name_of(&c)).or_insert(c);
     }
-    let mut names: Vec<String> = cs.iter().map(name_of).collect();
-    names.sort();
-    names.dedup();
-    match names.len() {
-        0 => Err(AgentError::NoContainer {
+    if let Some(n) = container_name.filter(|n| !n.is_empty()) {
+        by_name.retain(|k, _| k == n);
+    }
+    if by_name.is_empty() {
+        return Err(AgentError::NoContainer {
             pod_uid: pod_uid.into(),
             root: root.into(),
-        }),
-        1 => Ok(cs.into_iter().next().expect("one")),
-        n => Err(AgentError::ManyContainers {
-            pod_uid: pod_uid.into(),
-            count: n,
-        }),
+        });
     }
+    Ok(by_name.into_values().collect())
 }
 
 #[cfg(test)]
@@ -226,7 +217,7 @@ mod tests {
     }
 
     #[test]
-    fn picks_the_pods_app_container() {
+    fn picks_the_pods_containers() {
         let all = vec![
             app("old", "u1", "counter", "2026-11-29T09:00:00Z"),
             app("new", "u1", "counter", "2026-11-29T09:05:00Z"),
@@ -243,25 +234,25 @@ mod tests {
             .unwrap(),
         ];
         let root = Path::new("/r");
-        assert_eq!(app_container(&all, root, "u1", None).unwrap().id, "new");
-        assert_eq!(
-            app_container(&all, root, "u1", Some("counter")).unwrap().id,
-            "new"
-        );
+        let ids = |v: Result<Vec<RuncContainer>>| -> Vec<String> {
+            v.unwrap().into_iter().map(|c| c.id).collect()
+        };
+        assert_eq!(ids(members(&all, root, "u1", None)), ["new"]);
+        assert_eq!(ids(members(&all, root, "u1", Some("counter"))), ["new"]);
         assert!(matches!(
-            app_container(&all, root, "u1", Some("sidecar")),
+            members(&all, root, "u1", Some("sidecar")),
             Err(AgentError::NoContainer { .. })
         ));
         assert!(matches!(
-            app_container(&all, root, "u3", None),
+            members(&all, root, "u3", None),
             Err(AgentError::NoContainer { .. })
         ));
+        // Several containers: every one, the newest of each name, in name order.
         let mut two = all.clone();
         two.push(app("side", "u1", "sidecar", "2026-11-29T09:06:00Z"));
-        assert!(matches!(
-            app_container(&two, root, "u1", None),
-            Err(AgentError::ManyContainers { count: 2, .. })
-        ));
+        two.push(app("aux", "u1", "aux", "2026-11-29T09:01:00Z"));
+        assert_eq!(ids(members(&two, root, "u1", None)), ["aux", "new", "side"]);
+        assert_eq!(ids(members(&two, root, "u1", Some("sidecar"))), ["side"]);
         // Dead containers are ignored.
         let mut dead = app("dead", "u4", "c", "2026-11-29T09:00:00Z");
         dead.init_pid = i32::MAX - 1;

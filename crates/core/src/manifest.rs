@@ -132,6 +132,69 @@ pub struct Manifest {
     pub labels: BTreeMap<String, String>,
 }
 
+/// The label of a pod checkpoint's manifest naming its containers, comma-separated, in the order
+/// they were captured. Absent: a checkpoint of one container, its images at the root of the
+/// files (`criu/`, `rootfs/`), as every checkpoint before pod checkpoints was.
+pub const POD_CONTAINERS_LABEL: &str = "stasis.dev/containers";
+
+/// The directory of a pod checkpoint's files that holds one directory per container, each laid
+/// out as a one-container checkpoint: `containers/<name>/criu/`, `containers/<name>/rootfs/`.
+pub const POD_CONTAINERS_DIR: &str = "containers";
+
+/// The pod index: `pod.json` at the root of a pod checkpoint's files, what the manifest's
+/// top-level fields say of a one-container checkpoint, per container.
+pub const POD_INDEX_FILE: &str = "pod.json";
+
+/// The contents of [`POD_INDEX_FILE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodIndex {
+    pub containers: Vec<PodContainer>,
+}
+
+/// One container of a pod checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodContainer {
+    /// The container's name in the pod spec (its directory under [`POD_CONTAINERS_DIR`]).
+    pub name: String,
+    pub source: Source,
+    pub processes: Vec<ProcessInfo>,
+    pub rootfs: Option<RootfsCapture>,
+    #[serde(default)]
+    pub image_digest: Option<String>,
+    #[serde(default)]
+    pub gpu_processes: u32,
+}
+
+impl PodIndex {
+    /// The index of the pod checkpoint `manifest`: names as the manifest's label says, in its
+    /// order.
+    pub fn check(&self, manifest: &Manifest) -> Result<(), ManifestError> {
+        let names: Vec<&str> = self.containers.iter().map(|c| c.name.as_str()).collect();
+        match manifest.pod_containers()? {
+            Some(want) if want == names => Ok(()),
+            _ => Err(ManifestError::PodContainers(format!(
+                "the pod index names {names:?}, the manifest {:?}",
+                manifest.labels.get(POD_CONTAINERS_LABEL)
+            ))),
+        }
+    }
+}
+
+/// The directory of container `name` in a pod checkpoint's files.
+pub fn pod_container_dir(name: &str) -> String {
+    format!("{POD_CONTAINERS_DIR}/{name}")
+}
+
+/// A Kubernetes container name: a DNS-1123 label.
+fn is_container_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 /// Why a manifest was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ManifestError {
@@ -157,6 +220,8 @@ pub enum ManifestError {
         chunk: String,
         len: u32,
     },
+    #[error("pod checkpoint containers: {0}")]
+    PodContainers(String),
     #[error("manifest totals do not match its files: {field} is {recorded}, the files add up to {actual}")]
     TotalsMismatch {
         field: &'static str,
@@ -214,6 +279,7 @@ impl Manifest {
             chunks += f.chunks.len() as u64;
             bytes = bytes.saturating_add(sum);
         }
+        self.pod_containers()?;
         let s = &self.stats;
         for (field, recorded, actual) in [
             ("stats.chunks", s.chunks, chunks),
@@ -257,6 +323,24 @@ impl Manifest {
 
     pub fn logical_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// The containers of a pod checkpoint, in capture order ([`POD_CONTAINERS_LABEL`]);
+    /// `None` for a checkpoint of one container. Refused: names that are not container names,
+    /// or a name twice.
+    pub fn pod_containers(&self) -> Result<Option<Vec<&str>>, ManifestError> {
+        let Some(v) = self.labels.get(POD_CONTAINERS_LABEL) else {
+            return Ok(None);
+        };
+        let names: Vec<&str> = v.split(',').collect();
+        for (i, n) in names.iter().enumerate() {
+            if !is_container_name(n) || names[..i].contains(n) {
+                return Err(ManifestError::PodContainers(format!(
+                    "{v:?} is not a list of distinct container names"
+                )));
+            }
+        }
+        Ok(Some(names))
     }
 }
 
@@ -356,6 +440,51 @@ mod tests {
         let mut m = sample();
         m.files[0].chunks[0].id = "../x".into();
         assert!(matches!(m.validate(), Err(ManifestError::BadChunkId(_))));
+    }
+
+    #[test]
+    fn pod_checkpoints_name_their_containers() {
+        let mut m = sample();
+        assert_eq!(m.pod_containers(), Ok(None));
+        m.labels
+            .insert(POD_CONTAINERS_LABEL.into(), "sidecar,app-1".into());
+        m.validate().unwrap();
+        assert_eq!(m.pod_containers(), Ok(Some(vec!["sidecar", "app-1"])));
+        assert_eq!(pod_container_dir("app-1"), "containers/app-1");
+        let c = |name: &str| PodContainer {
+            name: name.into(),
+            source: Source::Container {
+                container_id: format!("id-{name}"),
+            },
+            processes: vec![],
+            rootfs: None,
+            image_digest: None,
+            gpu_processes: 0,
+        };
+        let index = PodIndex {
+            containers: vec![c("sidecar"), c("app-1")],
+        };
+        index.check(&m).unwrap();
+        let back: PodIndex = serde_json::from_str(&serde_json::to_string(&index).unwrap()).unwrap();
+        assert_eq!(back, index);
+        // Another order, another set, or a one-container manifest: not this index's.
+        for other in [
+            vec![c("app-1"), c("sidecar")],
+            vec![c("sidecar")],
+            vec![c("sidecar"), c("app-1"), c("x")],
+        ] {
+            assert!(PodIndex { containers: other }.check(&m).is_err());
+        }
+        assert!(index.check(&sample()).is_err());
+        // Names that could escape their directory, or repeat, are refused.
+        for bad in ["a,a", "../x", "a,", "A", "a/b", ""] {
+            let mut m = sample();
+            m.labels.insert(POD_CONTAINERS_LABEL.into(), bad.into());
+            assert!(
+                matches!(m.validate(), Err(ManifestError::PodContainers(_))),
+                "{bad}"
+            );
+        }
     }
 
     /// A key holder's inflated numbers are refused before a reader sizes anything from them.

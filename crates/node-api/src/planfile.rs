@@ -12,6 +12,9 @@
 //!                                                  until `until_unix_ms` (the runtime's side)
 //! <plans>/pod_<pod-uid>_<container-name>.failed    the agent's note that that preparation failed,
 //!                                                  and why: `create` stops waiting (the agent's side)
+//! <plans>/pod_<pod-uid>_<container-name>.skip      the agent's note that this init container ran
+//!                                                  before the checkpoint being restored: `create`
+//!                                                  makes it exit 0 without running its command
 //! ```
 //!
 //! The container id is chosen by containerd only when the container is created, so the agent
@@ -133,6 +136,33 @@ pub struct Failed {
     pub v: u32,
     pub checkpoint_ref: String,
     pub reason: String,
+}
+
+/// An init container of a pod being restored that already ran before the checkpoint: running it
+/// again would redo its work against the restored state (a migration applied twice, a file
+/// appended to again), so the wrapper makes it succeed without running its command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skip {
+    pub v: u32,
+    /// The checkpoint the pod restores (for the log line).
+    pub checkpoint_ref: String,
+    /// After this instant (Unix milliseconds) the note is void.
+    pub expires_at_unix_ms: u64,
+}
+
+/// `<dir>/pod_<pod-uid>_<container-name>.skip`.
+pub fn path_for_skip(dir: &Path, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
+    path_for_pod_ext(dir, pod_uid, container_name, "skip")
+}
+
+/// Writes a skip note atomically (the agent's side).
+pub fn write_skip(path: &Path, s: &Skip) -> io::Result<()> {
+    write_atomic(path, &serde_json::to_vec(s)?)
+}
+
+/// The skip note, if any (trusted as plan files are: it decides whether a command runs).
+pub fn read_skip(path: &Path) -> Result<Option<Skip>, PlanFileError> {
+    read_trusted(path)
 }
 
 /// `<dir>/pod_<pod-uid>_<container-name>.pending`.
@@ -431,6 +461,21 @@ mod tests {
         std::fs::set_permissions(&failed, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(matches!(
             read_failed(&failed),
+            Err(PlanFileError::Untrusted { .. })
+        ));
+        let skip = path_for_skip(&dir, "0b5c-uid", "init").unwrap();
+        assert_eq!(skip, dir.join("pod_0b5c-uid_init.skip"));
+        assert!(read_skip(&skip).unwrap().is_none());
+        let k = Skip {
+            v: PROTOCOL_VERSION,
+            checkpoint_ref: "l/1".into(),
+            expires_at_unix_ms: 9,
+        };
+        write_skip(&skip, &k).unwrap();
+        assert_eq!(read_skip(&skip).unwrap(), Some(k));
+        std::fs::set_permissions(&skip, std::fs::Permissions::from_mode(0o622)).unwrap();
+        assert!(matches!(
+            read_skip(&skip),
             Err(PlanFileError::Untrusted { .. })
         ));
     }

@@ -8,6 +8,8 @@
 //!   the checkpoint's filesystem changes go into the bundle's rootfs and `runc restore --detach`
 //!   runs with the same bundle, pid file and console socket; `start` of that container is then a
 //!   no-op. Any doubt or failure: the original `runc create` (cold start), with the reason.
+//! - `create` of an init container of a restored pod that ran before the checkpoint (the agent's
+//!   skip note): it runs stasis's own exit-0 program instead of its command ([`skip`]).
 //! - `kill` with SIGTERM: the agent is asked for a final checkpoint, bounded, then the signal is
 //!   forwarded.
 //!
@@ -19,4 +21,5 @@ pub mod config;
 pub mod decide;
 pub mod inplace;
 pub mod runlog;
+pub mod skip;
 pub mod wrapper;

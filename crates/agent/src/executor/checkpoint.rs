@@ -2,13 +2,20 @@
 //! again, keep the reference for a restart in place.
 
 use super::kept::KeptLatest;
+use super::pod;
 use super::*;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use stasis_core::{CheckpointId, Manifest, NodeFingerprint, Requirements, SCHEMA_VERSION};
-use stasis_engine::checkpoint::{checkpoint_container, ContainerCheckpoint};
+use stasis_core::manifest::{
+    pod_container_dir, PodContainer, PodIndex, POD_CONTAINERS_LABEL, POD_INDEX_FILE,
+};
+use stasis_core::{
+    CheckpointId, Manifest, NodeFingerprint, ProcessInfo, Requirements, RootfsCapture,
+    RootfsMethod, Source, Timings, SCHEMA_VERSION,
+};
+use stasis_engine::checkpoint::{checkpoint_pod, Captured, PodCheckpoint, PodMember};
 use stasis_engine::image::ImageDir;
 use stasis_engine::node;
 use stasis_engine::runc::Runc;
@@ -67,14 +74,31 @@ impl Executor {
             }
         };
         remaining("before the checkpoint")?;
-        let c = self.resolve(&job.target)?;
-        let pod = c.pod().unwrap_or_default();
-        let container_name = match &job.target {
+        let mut members = self.resolve_members(&job.target)?;
+        let name_of = |c: &crate::resolve::RuncContainer| {
+            c.pod().map(|p| p.container_name).unwrap_or_default()
+        };
+        let narrowed = matches!(
+            &job.target,
+            Target::Pod {
+                container_name: Some(_),
+                ..
+            }
+        );
+        if !narrowed && !job.expected.is_empty() {
+            // Only the pod's own containers: an ephemeral debug container is left out.
+            members.retain(|c| job.expected.contains(&name_of(c)));
+            let names: Vec<String> = members.iter().map(name_of).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            pod::check_complete(&names, &job.expected)?;
+        }
+        let pod = members[0].pod().unwrap_or_default();
+        let names: Vec<String> = match &job.target {
             Target::Pod {
                 container_name: Some(n),
                 ..
-            } => n.clone(),
-            _ => pod.container_name.clone(),
+            } => vec![n.clone()],
+            _ => members.iter().map(name_of).collect(),
         };
         if let Verdict::Fenced(why) = fence() {
             return Err(AgentError::Fenced(why));
@@ -82,19 +106,38 @@ impl Executor {
         let key = self.keys.key(&job.namespace)?;
         let runc = Runc::new(Some(&self.cfg.runc_root))?;
         let scratch = Scratch::new(&self.cfg.work_dir, "checkpoint")?;
-        let image = ImageDir::new(&scratch.0);
-        let captured = checkpoint_container(&ContainerCheckpoint {
+        // One container: its images at the root, the layout of every checkpoint before pods
+        // had several; a pod: one directory per container and the pod index.
+        let is_pod = members.len() > 1;
+        let images: Vec<ImageDir> = if is_pod {
+            names
+                .iter()
+                .map(|n| ImageDir::new(scratch.0.join(pod_container_dir(n))))
+                .collect()
+        } else {
+            vec![ImageDir::new(&scratch.0)]
+        };
+        let pod_members: Vec<PodMember<'_>> = members
+            .iter()
+            .zip(&images)
+            .map(|(c, image)| PodMember { id: &c.id, image })
+            .collect();
+        let captured = checkpoint_pod(&PodCheckpoint {
             runc: &runc,
-            id: &c.id,
-            image: &image,
+            members: &pod_members,
             leave_running: job.leave_running,
             tcp_established: self.cfg.tcp_established,
         })?;
-        info!(container = %c.id, frozen_ms = captured.timings.frozen_ms, dump_ms = captured.timings.dump_ms, "dumped");
+        let ids: Vec<String> = members.iter().map(|c| c.id.clone()).collect();
+        info!(containers = ?names, frozen_ms = captured[0].timings.frozen_ms, "dumped");
 
         let id = CheckpointId::from_parts(now_ms(), rand::random());
+        let reference = format!("{}/{}", job.stamp.lineage, id);
+        if job.reason == "Termination" {
+            self.record_final(&pod.pod_uid, reference.clone(), ids.clone());
+        }
         if let Some(tx) = &job.on_captured {
-            let _ = tx.send(format!("{}/{}", job.stamp.lineage, id));
+            let _ = tx.send(reference);
         }
         let mut labels = BTreeMap::from([
             (label::LINEAGE.to_owned(), job.stamp.lineage.to_string()),
@@ -105,7 +148,6 @@ impl Executor {
             (label::NAMESPACE.to_owned(), job.namespace.clone()),
             (label::POD_NAME.to_owned(), job.pod_name.clone()),
             (label::POD_UID.to_owned(), pod.pod_uid.clone()),
-            (label::CONTAINER_NAME.to_owned(), container_name.clone()),
             (label::NODE.to_owned(), self.cfg.node_name.clone()),
             (
                 label::TCP_ESTABLISHED.to_owned(),
@@ -113,32 +155,62 @@ impl Executor {
             ),
             (label::REASON.to_owned(), job.reason.clone()),
         ]);
+        if is_pod {
+            labels.insert(POD_CONTAINERS_LABEL.to_owned(), names.join(","));
+        } else {
+            labels.insert(label::CONTAINER_NAME.to_owned(), names[0].clone());
+        }
         if let Some(h) = &job.spec_hash {
             labels.insert(label::SPEC_HASH.to_owned(), h.clone());
         }
+        let kept: Vec<(String, Option<RootfsMethod>, Option<String>)> = names
+            .iter()
+            .zip(&captured)
+            .map(|(n, c)| {
+                (
+                    n.clone(),
+                    c.rootfs.as_ref().map(|r| r.method),
+                    c.image_digest.clone(),
+                )
+            })
+            .collect();
+        let draft = if is_pod {
+            pod_draft(&scratch.0, &names, captured)?
+        } else {
+            let c = captured.into_iter().next().expect("one capture");
+            Draft {
+                source: c.source,
+                processes: c.processes,
+                rootfs: c.rootfs,
+                timings: c.timings,
+                image_digest: c.image_digest,
+                gpu: c.gpu,
+                gpu_processes: c.gpu_processes,
+            }
+        };
         let draft = Manifest {
             schema_version: SCHEMA_VERSION,
             workload: job.stamp.lineage.clone(),
             created_at: id.created_rfc3339(),
             id,
             key_id: String::new(),
-            source: captured.source,
-            leave_running: captured.leave_running,
+            source: draft.source,
+            leave_running: job.leave_running,
             requirements: Requirements {
                 node: NodeFingerprint {
-                    gpu: captured.gpu,
+                    gpu: draft.gpu,
                     ..node::fingerprint()
                 },
-                needs_runc: captured.needs_runc,
-                image_digest: captured.image_digest,
+                needs_runc: true,
+                image_digest: draft.image_digest,
                 declared: job.declared.clone(),
             },
-            processes: captured.processes,
-            rootfs: captured.rootfs,
-            timings: captured.timings,
+            processes: draft.processes,
+            rootfs: draft.rootfs,
+            timings: draft.timings,
             stats: Default::default(),
             files: Vec::new(),
-            gpu_processes: captured.gpu_processes,
+            gpu_processes: draft.gpu_processes,
             labels,
         };
         let (freeze_ms, dump_ms) = (draft.timings.frozen_ms, draft.timings.dump_ms);
@@ -167,17 +239,19 @@ impl Executor {
         // encrypted as in the store).
         drop(scratch);
         if self.cfg.keep_latest && !matches!(verdict, Verdict::Fenced(_)) {
-            let kept = KeptLatest {
-                checkpoint_ref: reference.to_string(),
-                rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
-                tcp_established: self.cfg.tcp_established,
-                namespace: job.namespace.clone(),
-                manifest_digest: Some(crate::fence::manifest_digest(&manifest)),
-                bytes: manifest.stats.logical_bytes,
-                image_digest: manifest.requirements.image_digest.clone(),
-            };
-            if let Err(e) = self.keep_latest(&pod.pod_uid, &container_name, &kept) {
-                warn!(%reference, error = %e, "could not keep the checkpoint's reference on the node");
+            for (name, rootfs_method, image_digest) in kept {
+                let kept = KeptLatest {
+                    checkpoint_ref: reference.to_string(),
+                    rootfs_method,
+                    tcp_established: self.cfg.tcp_established,
+                    namespace: job.namespace.clone(),
+                    manifest_digest: Some(crate::fence::manifest_digest(&manifest)),
+                    bytes: manifest.stats.logical_bytes,
+                    image_digest,
+                };
+                if let Err(e) = self.keep_latest(&pod.pod_uid, &name, &kept) {
+                    warn!(%reference, error = %e, "could not keep the checkpoint's reference on the node");
+                }
             }
         }
         if let Verdict::Fenced(why) = &verdict {
@@ -189,8 +263,8 @@ impl Executor {
         }
         Ok(CheckpointOutcome {
             reference: reference.to_string(),
-            container_id: c.id,
-            container_name,
+            container_id: ids.join(","),
+            container_name: names.join(","),
             pod_uid: pod.pod_uid,
             logical_bytes: manifest.stats.logical_bytes,
             uploaded_bytes: manifest.stats.written_bytes,
@@ -202,4 +276,60 @@ impl Executor {
             verdict,
         })
     }
+}
+
+/// What the manifest says of the capture, for one container or a whole pod.
+struct Draft {
+    source: Source,
+    processes: Vec<ProcessInfo>,
+    rootfs: Option<RootfsCapture>,
+    timings: Timings,
+    image_digest: Option<String>,
+    gpu: Option<stasis_core::gpu::GpuFingerprint>,
+    gpu_processes: u32,
+}
+
+/// A pod checkpoint's manifest fields, and its pod index written beside the containers'
+/// directories (`pod.json`, one of the checkpoint's files). The manifest's own fields sum the
+/// pod up: the first container as the source, every process, no rootfs of its own (each
+/// container's is in the index), one freeze, the dumps and captures added up.
+fn pod_draft(dir: &std::path::Path, names: &[String], captured: Vec<Captured>) -> Result<Draft> {
+    let first = captured[0].source.clone();
+    let mut timings = Timings {
+        frozen_ms: captured[0].timings.frozen_ms,
+        ..Timings::default()
+    };
+    let mut processes = Vec::new();
+    let mut gpu = None;
+    let mut gpu_processes = 0;
+    let mut containers = Vec::with_capacity(captured.len());
+    for (name, c) in names.iter().zip(captured) {
+        timings.frozen_ms = timings.frozen_ms.max(c.timings.frozen_ms);
+        timings.dump_ms += c.timings.dump_ms;
+        timings.rootfs_ms += c.timings.rootfs_ms;
+        processes.extend(c.processes.iter().cloned());
+        gpu = gpu.or(c.gpu);
+        gpu_processes += c.gpu_processes;
+        containers.push(PodContainer {
+            name: name.clone(),
+            source: c.source,
+            processes: c.processes,
+            rootfs: c.rootfs,
+            image_digest: c.image_digest,
+            gpu_processes: c.gpu_processes,
+        });
+    }
+    let path = dir.join(POD_INDEX_FILE);
+    let body = serde_json::to_vec(&PodIndex { containers })
+        .map_err(|e| AgentError::Invalid(format!("the pod index: {e}")))?;
+    std::fs::write(&path, body).map_err(AgentError::io(&path))?;
+    Ok(Draft {
+        source: first,
+        processes,
+        rootfs: None,
+        timings,
+        image_digest: None,
+        gpu,
+        gpu_processes,
+    })
 }

@@ -172,6 +172,7 @@ impl Executor {
         let cache_before = self.store.cache().map(|c| c.stats());
         let r = self
             .fetch_counted(job)
+            .map(|mut f| f.swap_remove(0))
             .map_err(|e| NotInPlace::Fetch {
                 checkpoint_ref: job.reference.to_string(),
                 why: e.to_string(),
@@ -225,6 +226,7 @@ mod tests {
             namespace: "ns".into(),
             pod_uid: UID.into(),
             container_name: Some("app".into()),
+            layout: None,
             spec_hash: None,
             image_digest: None,
             declared: BTreeMap::new(),

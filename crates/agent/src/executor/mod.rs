@@ -7,14 +7,17 @@
 //! - `prepare`: a restore's preparation (checks, fetch, verify, plan file);
 //! - `kept`: the reference to the latest checkpoint kept on the node, and the restart in place
 //!   prepared from it;
-//! - `plans`: the plan files the wrapper reads, and the sweep of stale ones.
+//! - `plans`: the plan files the wrapper reads, and the sweep of stale ones;
+//! - `pod`: which containers a pod checkpoint holds and a restore prepares.
 
 mod checkpoint;
 mod kept;
 mod plans;
+mod pod;
 mod prepare;
 
 pub use kept::{KeptLatest, NotInPlace};
+pub use pod::PodLayout;
 pub use prepare::{check_compatible, verify_digest};
 
 use std::collections::BTreeMap;
@@ -57,11 +60,13 @@ pub struct ExecutorConfig {
     pub keep_latest: bool,
 }
 
-/// Which container to checkpoint.
+/// What to checkpoint: every container of a pod at one instant (its app containers and native
+/// sidecars), unless a container name narrows it to one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
+    /// The pod of this container (a container outside any pod: that container).
     ContainerId(String),
-    /// The pod's one app container (or the named one).
+    /// The pod with this UID (or its one named container).
     Pod {
         uid: String,
         container_name: Option<String>,
@@ -85,6 +90,9 @@ pub struct CheckpointJob {
     /// Told the reference the checkpoint will publish as soon as the container is captured and
     /// running again, before the upload (a termination checkpoint lets the stop go on).
     pub on_captured: Option<std::sync::mpsc::Sender<String>>,
+    /// The pod's members by its spec ([`PodLayout::members`]): a pod checkpoint is taken only
+    /// when every one runs. Empty: not known.
+    pub expected: Vec<String>,
 }
 
 /// What a checkpoint produced.
@@ -111,8 +119,12 @@ pub struct PrepareJob {
     pub reference: CheckpointRef,
     pub namespace: String,
     pub pod_uid: String,
-    /// The container to restore into; the manifest's label when `None`.
+    /// The one container to restore (a restart in place); `None`: the pod's containers, or the
+    /// manifest's label for a one-container checkpoint.
     pub container_name: Option<String>,
+    /// The target pod's containers: the restore prepares every member (they must be the
+    /// checkpoint's) and skip notes for its init containers. `None`: not known.
+    pub layout: Option<PodLayout>,
     /// The target pod's normalised spec hash; must equal the checkpoint's.
     pub spec_hash: Option<String>,
     pub image_digest: Option<String>,
@@ -155,7 +167,21 @@ pub struct Executor {
     keys: Arc<dyn KeySource>,
     rt: Handle,
     pub metrics: Arc<Metrics>,
+    /// The latest termination capture of each pod: its reference and container ids (see
+    /// [`Executor::final_covering`]).
+    finals: std::sync::Mutex<std::collections::HashMap<String, FinalCapture>>,
 }
+
+/// A termination checkpoint's capture of a pod.
+#[derive(Debug, Clone)]
+struct FinalCapture {
+    reference: String,
+    container_ids: Vec<String>,
+    at: Instant,
+}
+
+/// How long a pod's termination capture stands for its other containers' stops.
+const FINAL_COVERS: Duration = Duration::from_secs(120);
 
 /// The wall clock, Unix milliseconds: the project's one clock.
 pub(crate) use stasis_core::time::now_ms;
@@ -233,29 +259,67 @@ impl Executor {
             keys,
             rt,
             metrics,
+            finals: Default::default(),
         }
+    }
+
+    /// The reference of a termination checkpoint, taken in the last two minutes, that captured
+    /// container `container_id` of pod `pod_uid`: the kubelet stops a pod's containers one by
+    /// one (sidecars after the app containers), and the first stop's checkpoint holds them all
+    /// at one instant; a second one would find its peers gone. A container restarted since has
+    /// another id and is not covered.
+    pub fn final_covering(&self, pod_uid: &str, container_id: &str) -> Option<String> {
+        let mut m = self.finals.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, f| f.at.elapsed() < FINAL_COVERS);
+        m.get(pod_uid)
+            .filter(|f| f.container_ids.iter().any(|c| c == container_id))
+            .map(|f| f.reference.clone())
+    }
+
+    fn record_final(&self, pod_uid: &str, reference: String, container_ids: Vec<String>) {
+        let mut m = self.finals.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(
+            pod_uid.to_owned(),
+            FinalCapture {
+                reference,
+                container_ids,
+                at: Instant::now(),
+            },
+        );
     }
 
     pub fn store(&self) -> &Store {
         &self.store
     }
 
-    /// The container a target names.
-    pub fn resolve(&self, target: &Target) -> Result<resolve::RuncContainer> {
-        match target {
-            Target::ContainerId(id) => resolve::by_id(&self.cfg.runc_root, id)
-                .filter(|c| c.kind() != resolve::Kind::Sandbox)
-                .ok_or_else(|| AgentError::UnknownContainer(id.clone())),
+    /// A container by id (not a pod sandbox).
+    pub fn resolve(&self, id: &str) -> Result<resolve::RuncContainer> {
+        resolve::by_id(&self.cfg.runc_root, id)
+            .filter(|c| c.kind() != resolve::Kind::Sandbox)
+            .ok_or_else(|| AgentError::UnknownContainer(id.to_owned()))
+    }
+
+    /// The containers a target names, to be checkpointed together.
+    pub fn resolve_members(&self, target: &Target) -> Result<Vec<resolve::RuncContainer>> {
+        let (uid, name) = match target {
+            Target::ContainerId(id) => {
+                let c = self.resolve(id)?;
+                match c.pod() {
+                    Some(p) if !p.pod_uid.is_empty() => (p.pod_uid, None),
+                    _ => return Ok(vec![c]),
+                }
+            }
             Target::Pod {
                 uid,
                 container_name,
-            } => resolve::app_container(
-                &resolve::list(&self.cfg.runc_root),
-                &self.cfg.runc_root,
-                uid,
-                container_name.as_deref(),
-            ),
-        }
+            } => (uid.clone(), container_name.clone()),
+        };
+        resolve::members(
+            &resolve::list(&self.cfg.runc_root),
+            &self.cfg.runc_root,
+            &uid,
+            name.as_deref(),
+        )
     }
 }
 

@@ -50,6 +50,30 @@ impl Executor {
         Ok(path)
     }
 
+    /// Writes the skip note `pod_<uid>_<container>.skip`: the init container `container_name`
+    /// of the pod being restored from `checkpoint_ref` ran before that checkpoint, and the
+    /// wrapper makes it exit 0 without running it (valid for `plan_ttl`).
+    pub(super) fn write_skip(
+        &self,
+        pod_uid: &str,
+        container_name: &str,
+        checkpoint_ref: &str,
+    ) -> Result<PathBuf> {
+        let path = planfile::path_for_skip(&self.cfg.plans_dir, pod_uid, container_name)
+            .ok_or_else(|| AgentError::Invalid("no skip note path for this pod".into()))?;
+        private_dir(&self.cfg.plans_dir)?;
+        planfile::write_skip(
+            &path,
+            &planfile::Skip {
+                v: PROTOCOL_VERSION,
+                checkpoint_ref: checkpoint_ref.to_owned(),
+                expires_at_unix_ms: now_ms() + self.cfg.plan_ttl.as_millis() as u64,
+            },
+        )
+        .map_err(AgentError::io(&path))?;
+        Ok(path)
+    }
+
     /// The plan for a container, from the plan files (the `restore_plan` request).
     pub fn plan_for(
         &self,

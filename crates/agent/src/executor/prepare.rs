@@ -3,9 +3,12 @@
 
 use super::*;
 
+use super::pod;
+
 use std::time::Instant;
 
 use stasis_core::fingerprint::RestoreTarget;
+use stasis_core::manifest::{pod_container_dir, PodIndex, POD_INDEX_FILE};
 use stasis_core::{Manifest, NodeFingerprint};
 use stasis_engine::node;
 use stasis_node_api::planfile::{self};
@@ -26,31 +29,42 @@ pub(super) struct Fetched {
 
 impl Executor {
     /// Fetches, verifies and unpacks a checkpoint for a pod on this node and writes the plan
-    /// file the wrapper reads. Compatibility (node, image, declared versions) and the spec hash
-    /// are checked before anything is fetched.
+    /// file the wrapper reads for each container it restores, and a skip note for each init
+    /// container the restored pod must not run again. Compatibility (node, image, declared
+    /// versions, the pod's containers) and the spec hash are checked before anything is fetched.
     pub fn prepare(&self, job: &PrepareJob) -> Result<Prepared> {
-        let f = self.fetch_counted(job)?;
-        let plan_path = self.write_plan(&job.pod_uid, &f.container_name, &f.plan)?;
-        info!(checkpoint_ref = %f.plan.checkpoint_ref, pod_uid = %job.pod_uid, container = %f.container_name, fetch_ms = f.fetch_ms, "restore prepared");
+        let fetched = self.fetch_counted(job)?;
+        let mut plan_paths = Vec::with_capacity(fetched.len());
+        for f in &fetched {
+            plan_paths.push(self.write_plan(&job.pod_uid, &f.container_name, &f.plan)?);
+        }
+        let first = &fetched[0];
+        if let Some(layout) = &job.layout {
+            for name in &layout.run_once {
+                self.write_skip(&job.pod_uid, name, &first.plan.checkpoint_ref)?;
+            }
+        }
+        let names: Vec<&str> = fetched.iter().map(|f| f.container_name.as_str()).collect();
+        info!(checkpoint_ref = %first.plan.checkpoint_ref, pod_uid = %job.pod_uid, containers = ?names, fetch_ms = first.fetch_ms, "restore prepared");
         Ok(Prepared {
-            checkpoint_ref: f.plan.checkpoint_ref,
-            container_name: f.container_name,
-            image_dir: f.plan.image_dir,
-            plan_path,
-            fetch_ms: f.fetch_ms,
-            bytes: f.bytes,
+            checkpoint_ref: first.plan.checkpoint_ref.clone(),
+            container_name: names.join(","),
+            image_dir: first.plan.image_dir.clone(),
+            plan_path: plan_paths.swap_remove(0),
+            fetch_ms: first.fetch_ms,
+            bytes: first.bytes,
         })
     }
 
     /// [`Executor::fetch_verified`], counted in the metrics.
-    pub(super) fn fetch_counted(&self, job: &PrepareJob) -> Result<Fetched> {
+    pub(super) fn fetch_counted(&self, job: &PrepareJob) -> Result<Vec<Fetched>> {
         let r = self.fetch_verified(job);
         crate::mem::trim();
         match &r {
             Ok(f) => {
                 self.metrics.restore("prepared");
-                self.metrics.fetched_bytes(f.bytes);
-                self.metrics.phase_ms("fetch", f.fetch_ms);
+                self.metrics.fetched_bytes(f[0].bytes);
+                self.metrics.phase_ms("fetch", f[0].fetch_ms);
             }
             Err(e) => {
                 self.metrics.restore("failed");
@@ -60,10 +74,11 @@ impl Executor {
         r
     }
 
-    /// The checks, then the fetch into `<images>/<pod-uid>/<container>` (through the chunk
-    /// cache when the store has one), the digest check, the verification stamp and the GPU
-    /// record: everything a plan needs but the plan file.
-    fn fetch_verified(&self, job: &PrepareJob) -> Result<Fetched> {
+    /// The checks, then the fetch (through the chunk cache when the store has one), the digest
+    /// check, and for each container restored its directory `<images>/<pod-uid>/<container>`
+    /// (laid out as a one-container checkpoint), the verification stamp and the GPU record:
+    /// everything its plan needs but the plan file. Every container, or none.
+    fn fetch_verified(&self, job: &PrepareJob) -> Result<Vec<Fetched>> {
         if !safe_component(&job.pod_uid) {
             return Err(AgentError::Invalid(format!(
                 "pod uid {:?} is not a safe path component",
@@ -76,16 +91,11 @@ impl Executor {
             .block_on(self.store.read_manifest(&key, &job.reference))?;
         let exact = manifest.reference();
         verify_digest(&manifest, job)?;
-        let container_name = job
-            .container_name
-            .clone()
-            .or_else(|| manifest.labels.get(label::CONTAINER_NAME).cloned())
-            .filter(|n| safe_component(n))
-            .ok_or_else(|| {
-                AgentError::Invalid(format!(
-                    "{exact}: no (valid) container name to restore into"
-                ))
-            })?;
+        let names = pod::restore_set(
+            &manifest,
+            job.container_name.as_deref(),
+            job.layout.as_ref(),
+        )?;
         // With this node's GPUs when the checkpoint recorded GPUs (else every GPU checkpoint is
         // refused as "this node has no NVIDIA driver").
         check_compatible(
@@ -97,10 +107,7 @@ impl Executor {
         let pod_dir = self.pod_images(&job.pod_uid);
         private_dir(&self.cfg.images_dir)?;
         private_dir(&pod_dir)?;
-        let fetch_dir = pod_dir.join(format!(
-            ".fetch-{container_name}-{:08x}",
-            rand::random::<u32>()
-        ));
+        let fetch_dir = pod_dir.join(format!(".fetch-{}-{:08x}", names[0], rand::random::<u32>()));
         private_dir(&fetch_dir)?;
         let t = Instant::now();
         let got =
@@ -109,46 +116,97 @@ impl Executor {
                     .get_checkpoint(&key, &exact, &fetch_dir, &NoProgress),
             );
         // The manifest the files were fetched with (read again by the store) must be the
-        // published one as well.
-        if let Err(e) = got
+        // published one as well; a pod checkpoint's index must name its containers.
+        let index = got
             .map_err(AgentError::from)
             .and_then(|m| verify_digest(&m, job))
-        {
-            let _ = std::fs::remove_dir_all(&fetch_dir);
-            return Err(e);
-        }
+            .and_then(|()| read_index(&fetch_dir, &manifest));
+        let index = match index {
+            Ok(i) => i,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&fetch_dir);
+                return Err(e);
+            }
+        };
         let fetch_ms = ms(t);
-        let image_dir = pod_dir.join(&container_name);
-        if image_dir.exists() {
-            std::fs::remove_dir_all(&image_dir).map_err(AgentError::io(&image_dir))?;
-        }
-        std::fs::rename(&fetch_dir, &image_dir).map_err(AgentError::io(&image_dir))?;
         let checkpoint_ref = exact.to_string();
-        planfile::write_verified_stamp(&image_dir, &checkpoint_ref)
-            .map_err(AgentError::io(&image_dir))?;
-        // What stasis-runc's restore must do on the GPU (it restores with runc, not the engine).
-        stasis_engine::cuda::write_gpu_record(
-            &image_dir,
-            manifest.requirements.node.gpu.as_ref(),
-            manifest.gpu_processes,
-        )
-        .map_err(AgentError::io(&image_dir))?;
         let tcp = manifest
             .labels
             .get(label::TCP_ESTABLISHED)
             .is_none_or(|v| v == "true");
-        Ok(Fetched {
-            plan: Plan {
-                image_dir,
-                rootfs_method: manifest.rootfs.as_ref().map(|r| r.method),
-                checkpoint_ref,
-                tcp_established: tcp,
-            },
-            container_name,
-            fetch_ms,
-            bytes: manifest.logical_bytes(),
-        })
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let (src, rootfs, gpu_processes) = match &index {
+                None => (
+                    fetch_dir.clone(),
+                    manifest.rootfs.as_ref(),
+                    manifest.gpu_processes,
+                ),
+                Some(i) => {
+                    let c = i
+                        .containers
+                        .iter()
+                        .find(|c| c.name == name)
+                        .expect("the index names the manifest's containers");
+                    (
+                        fetch_dir.join(pod_container_dir(&name)),
+                        c.rootfs.as_ref(),
+                        c.gpu_processes,
+                    )
+                }
+            };
+            let image_dir = pod_dir.join(&name);
+            if image_dir.exists() {
+                std::fs::remove_dir_all(&image_dir).map_err(AgentError::io(&image_dir))?;
+            }
+            std::fs::rename(&src, &image_dir).map_err(AgentError::io(&image_dir))?;
+            planfile::write_verified_stamp(&image_dir, &checkpoint_ref)
+                .map_err(AgentError::io(&image_dir))?;
+            // What stasis-runc's restore must do on the GPU (it restores with runc, not the
+            // engine).
+            stasis_engine::cuda::write_gpu_record(
+                &image_dir,
+                manifest.requirements.node.gpu.as_ref(),
+                gpu_processes,
+            )
+            .map_err(AgentError::io(&image_dir))?;
+            out.push(Fetched {
+                plan: Plan {
+                    image_dir,
+                    rootfs_method: rootfs.map(|r| r.method),
+                    checkpoint_ref: checkpoint_ref.clone(),
+                    tcp_established: tcp,
+                },
+                container_name: name,
+                fetch_ms,
+                bytes: manifest.logical_bytes(),
+            });
+        }
+        // What is left of a pod checkpoint: its index, the containers not restored here.
+        let _ = std::fs::remove_dir_all(&fetch_dir);
+        Ok(out)
     }
+}
+
+/// A pod checkpoint's index, fetched with its files and checked against its manifest; `None`
+/// for a one-container checkpoint.
+fn read_index(dir: &std::path::Path, manifest: &Manifest) -> Result<Option<PodIndex>> {
+    let exact = manifest.reference();
+    if manifest
+        .pod_containers()
+        .map_err(|e| AgentError::Invalid(format!("{exact}: {e}")))?
+        .is_none()
+    {
+        return Ok(None);
+    }
+    let path = dir.join(POD_INDEX_FILE);
+    let raw = std::fs::read(&path).map_err(AgentError::io(&path))?;
+    let index: PodIndex = serde_json::from_slice(&raw)
+        .map_err(|e| AgentError::Invalid(format!("{exact}: its pod index: {e}")))?;
+    index
+        .check(manifest)
+        .map_err(|e| AgentError::Invalid(format!("{exact}: {e}")))?;
+    Ok(Some(index))
 }
 
 /// Refuses a manifest whose digest is not the one the controller recorded for the checkpoint
@@ -250,6 +308,7 @@ pub(super) mod tests {
             namespace: "default".into(),
             pod_uid: "u".into(),
             container_name: None,
+            layout: None,
             spec_hash: spec_hash.map(str::to_owned),
             image_digest: None,
             declared: declared

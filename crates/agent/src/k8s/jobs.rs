@@ -93,6 +93,7 @@ impl KubeCluster {
                 leave_running: true,
                 deadline: Some(deadline),
                 on_captured: None,
+                expected: info.layout.members.clone(),
             }),
         };
         self.finish_checkpoint(&ns, &name, &running, &info, &r);
@@ -182,7 +183,8 @@ impl KubeCluster {
                 manifest_digest,
                 namespace: ns.clone(),
                 pod_uid: info.key.uid.clone(),
-                container_name: single_container(&pod),
+                container_name: None,
+                layout: Some(info.layout.clone()),
                 spec_hash: info.spec_hash.clone(),
                 image_digest: single_container(&pod).and_then(|c| image_digest(&pod, &c)),
                 declared: info.declared.clone(),

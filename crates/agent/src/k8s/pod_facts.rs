@@ -57,6 +57,7 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
         final_wanted,
         restarts_in_place: restart_policy != Some("Never"),
         clean_exit_finishes: matches!(restart_policy, Some("Never" | "OnFailure")),
+        layout: crate::executor::PodLayout::of(pod),
     }
 }
 

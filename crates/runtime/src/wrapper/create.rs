@@ -136,6 +136,7 @@ impl Ctx {
             Precheck::Cold(cause, reason) => self.cold(id, &kind, Cold::doubt(cause, reason, None)),
             Precheck::LookForPlan => {}
         }
+        self.skip_if_noted(id, &bundle_dir, &kind);
         let deadline = Instant::now() + self.cfg.plan_timeout;
         let (pf, file) = match self.lookup_plan(id, &kind, deadline) {
             Lookup::Found { plan, file } => (plan, file),
@@ -186,6 +187,54 @@ impl Ctx {
                 id,
                 &kind,
                 Cold::doubt(ColdStartCause::PlanRefused, reason, ckpt),
+            ),
+        }
+    }
+
+    /// An init container the agent noted as run before the checkpoint its pod restores: the
+    /// note is consumed, the bundle's command becomes stasis's exit-0 program, and runc creates
+    /// it as asked. Returns when there is no note, or (logged) when it cannot be honoured: the
+    /// init container then runs its command, as without stasis.
+    fn skip_if_noted(&self, id: &str, bundle_dir: &Path, kind: &ContainerKind) {
+        let pod = pod_of(kind);
+        let Some(path) =
+            planfile::path_for_skip(&self.cfg.plans_dir(), &pod.pod_uid, &pod.container_name)
+        else {
+            return;
+        };
+        let note = match planfile::read_skip(&path) {
+            Ok(Some(n)) => n,
+            Ok(None) => return,
+            Err(e) => {
+                self.log(Level::Warning, &format!("unusable skip note: {e}"));
+                return;
+            }
+        };
+        // Used once, like a plan.
+        if planfile::consume(&path).is_err() || note.expires_at_unix_ms < now_ms() {
+            return;
+        }
+        let done = crate::skip::beside_wrapper()
+            .and_then(|dir| crate::skip::install(&dir))
+            .map_err(|e| format!("cannot install stasis's exit-0 program: {e}"))
+            .and_then(|program| crate::skip::rewrite_bundle(bundle_dir, &program));
+        match done {
+            Ok(()) => {
+                self.log(
+                    Level::Info,
+                    &format!(
+                        "init container {} ({id}) ran before checkpoint {}, which its pod restores: it exits 0 without running its command",
+                        pod.container_name, note.checkpoint_ref
+                    ),
+                );
+                self.passthrough()
+            }
+            Err(e) => self.log(
+                Level::Warning,
+                &format!(
+                    "init container {} runs its command again although its pod restores checkpoint {}: {e}",
+                    pod.container_name, note.checkpoint_ref
+                ),
             ),
         }
     }
