@@ -194,9 +194,18 @@ pub async fn restore(
         Ok(p) => p.and_then(|p| p.metadata.uid),
         Err(e) => return Err(api_error(e, &format!("pod {ns}/{target}"))),
     };
+    // For a pod not created yet, the PodRestore is named as the pod: the admission webhook then
+    // makes the pod wait for it (its container is created once the node's agent has fetched the
+    // checkpoint), and the wait asks for the PodRestore of the pod's name. A pod that exists
+    // already gets one of its own name's prefix (its containers may have started).
+    let (name, generate_name) = match target_uid {
+        None => (Some(target.to_owned()), None),
+        Some(_) => (None, Some(generate_name(target, "-restore-"))),
+    };
     let obj = PodRestore {
         metadata: ObjectMeta {
-            generate_name: Some(generate_name(target, "-restore-")),
+            name,
+            generate_name,
             ..Default::default()
         },
         spec: PodRestoreSpec {
@@ -216,7 +225,12 @@ pub async fn restore(
     Api::<PodRestore>::namespaced(client.clone(), ns)
         .create(&pp, &obj)
         .await
-        .map_err(|e| api_error(e, &format!("creating a PodRestore in {ns}")))
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code == 409 => anyhow!(
+                "podrestore {ns}/{target} exists already (an earlier restore into a pod of that name): delete it (kubectl -n {ns} delete podrestore {target}) and run this again before creating pod {target}"
+            ),
+            e => api_error(e, &format!("creating a PodRestore in {ns}")),
+        })
 }
 
 /// The reason the current user may not create `podrestores` in `ns`, or none when allowed.

@@ -200,8 +200,14 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Restore { pod, from, dry_run } => {
             let r = actions::restore(&client, &ns, pod, from, *dry_run).await?;
+            let when = if r.spec.target_pod_uid.is_some() {
+                // Its containers were created already, unless it is still pending.
+                "if its container has not been created yet; to restore into a new pod, run this before creating it"
+            } else {
+                "once it is created (its container waits until its node's agent has fetched the checkpoint)"
+            };
             let text = format!(
-                "podrestore.stasis.dev/{} created{}: pod {pod} resumes from {} when its node's agent has prepared it (kubectl stasis why {pod})\n",
+                "podrestore.stasis.dev/{} created{}: pod {pod} resumes from {} {when} (kubectl stasis why {pod})\n",
                 r.name_any(),
                 if *dry_run { " (server dry run)" } else { "" },
                 r.spec.checkpoint_ref

@@ -250,6 +250,14 @@ ok_if "restore as ops (stasis-restorer): a PodRestore of web-0's checkpoint into
     "set -o pipefail; [ $rc = 0 ] && n=\$(jq -er .metadata.name '$work/out') && kubectl -n prod get prestore \"\$n\" -o json | jq -e '.spec.checkpointRef == \"prod_deployment_web.1/0000000001\" and .spec.lineage == \"prod_deployment_web.1\" and .spec.targetPodName == \"web-1\" and .spec.targetPodUID == \"$UID1\" and .spec.sourcePodName == \"web-0\"'"
 as ops why web-1
 ok_if "why web-1: shows that PodRestore" bash -c "grep -Eq '^  web-1-restore-[a-z0-9]+ +prod_deployment_web.1/0000000001' '$work/out'"
+# a pod not created yet: the PodRestore is named as the pod (the webhook makes the pod wait for it)
+as ops restore web-9 --from web-0-final
+ok_if "restore into web-9, not created yet: a PodRestore named web-9, without a target UID, said to wait for the pod" bash -c \
+    "[ $rc = 0 ] && grep -qF 'podrestore.stasis.dev/web-9 created: pod web-9 resumes from prod_deployment_web.1/0000000001 once it is created' '$work/out' &&
+     kubectl -n prod get prestore web-9 -o json | jq -e '.spec.targetPodName == \"web-9\" and (.spec | has(\"targetPodUID\") | not)'"
+as ops restore web-9 --from web-0-final
+ok_if "... a second time: refused, naming the PodRestore to delete first" bash -c \
+    "[ $rc = 1 ] && grep -qF 'podrestore prod/web-9 exists already' '$work/err' && grep -qF 'kubectl -n prod delete podrestore web-9' '$work/err'"
 
 # ------------------------------------------------------------------ advise
 # Namespace spot: one Deployment per check (its pods made by hand, owned by a ReplicaSet

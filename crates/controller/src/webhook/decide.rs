@@ -2,6 +2,7 @@
 //! the patch that carries it.
 
 use super::*;
+use stasis_api::{PodRestore, RestorePhase};
 
 /// The decision for one request: `None` for pods that are not stasis's concern.
 #[tracing::instrument(name = "admission", skip_all, fields(namespace = %req.namespace.as_deref().unwrap_or_default(), uid = %req.uid))]
@@ -62,6 +63,9 @@ pub(crate) async fn mutate(
             return Err(Error::Invariant("a restore decided without a claim"));
         };
         cold(&mut m, reason.label(), reason.to_string());
+        if permitted {
+            restore_asked(hook, &ns, &pod, &mut m).await;
+        }
         return Ok(Some(patch(original, &m)));
     };
     let token = new_token();
@@ -119,12 +123,97 @@ pub(crate) async fn mutate(
         Decision::ColdStart { reason } => {
             tracing::info!(namespace = %ns, workload = %workload, reason = %reason, "cold start decided");
             cold(&mut m, reason.label(), reason.to_string());
+            restore_asked(hook, &ns, &pod, &mut m).await;
         }
     }
     Ok(Some(patch(original, &m)))
 }
 
+/// A restore a user asked for before creating the pod (`kubectl stasis restore POD --from ...`):
+/// a `PodRestore` named as the pod, for a pod of that name without a UID yet, not begun. A pod
+/// that would start cold and whose creator may restore gets the wait container, so that its
+/// container is created only once its node's agent has prepared that restore (or failed to);
+/// without the wait the container raced the fetch and started cold whenever it lost. The pod
+/// still starts a lineage of its own (the decision stays `ColdStart`, its reason says where the
+/// state comes from).
+async fn restore_asked(hook: &Webhook, ns: &str, pod: &Pod, m: &mut Mutation) {
+    let Some(name) = pod.metadata.name.as_deref() else {
+        return;
+    };
+    let pr = match Api::<PodRestore>::namespaced(hook.client.clone(), ns)
+        .get_opt(name)
+        .await
+    {
+        Ok(Some(pr)) if asked_by_hand(&pr, name) => pr,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot read a PodRestore named as the pod: it starts without waiting for one");
+            return;
+        }
+    };
+    tracing::info!(namespace = %ns, pod = %name, checkpoint = %pr.spec.checkpoint_ref, "restore asked by a PodRestore: the pod waits for it");
+    let why = m
+        .annotations
+        .remove(names::DECISION_REASON)
+        .unwrap_or_default();
+    m.annotations.insert(
+        names::DECISION_REASON.into(),
+        format!(
+            "{why}; its state comes from checkpoint {} as PodRestore {name} asks",
+            pr.spec.checkpoint_ref
+        ),
+    );
+    m.restore = Some(RestoreMutation {
+        node_requirements: node_requirements(&hook.client, None).await,
+        wait: hook.cfg.wait.clone(),
+    });
+}
+
+/// A `PodRestore` a user made for a pod not created yet: it targets `pod` by name only, and no
+/// agent has begun it (the webhook's own restores are made after admission, with the UID).
+pub(crate) fn asked_by_hand(pr: &PodRestore, pod: &str) -> bool {
+    pr.spec.target_pod_name == pod
+        && pr.spec.target_pod_uid.is_none()
+        && matches!(
+            pr.status.as_ref().and_then(|s| s.phase),
+            None | Some(RestorePhase::Pending)
+        )
+}
+
 /// A random claim token: 32 hex digits (a valid label value).
 pub(crate) fn new_token() -> String {
     hex::encode(rand::random::<[u8; 16]>())
+}
+
+#[cfg(test)]
+mod asked_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pr(target: &str, uid: Option<&str>, phase: Option<&str>) -> PodRestore {
+        let mut v = json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodRestore",
+            "metadata": {"name": target, "namespace": "n"},
+            "spec": {"checkpointRef": "n_pod_a.1/0000000001", "targetPodName": target}
+        });
+        if let Some(u) = uid {
+            v["spec"]["targetPodUID"] = json!(u);
+        }
+        if let Some(p) = phase {
+            v["status"] = json!({"phase": p});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn only_a_restore_made_for_a_pod_not_created_yet_is_waited_for() {
+        assert!(asked_by_hand(&pr("b", None, None), "b"));
+        assert!(asked_by_hand(&pr("b", None, Some("Pending")), "b"));
+        // Another pod's, an earlier pod's of the same name (it has a UID), or one already begun.
+        assert!(!asked_by_hand(&pr("c", None, None), "b"));
+        assert!(!asked_by_hand(&pr("b", Some("u1"), None), "b"));
+        for phase in ["Fetching", "Ready", "Restored", "Failed", "ColdStart"] {
+            assert!(!asked_by_hand(&pr("b", None, Some(phase)), "b"), "{phase}");
+        }
+    }
 }
