@@ -345,6 +345,7 @@ impl Agent {
         let (tx, rx) = mpsc::channel();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
         let uid = pod.pod_uid.clone();
+        let container_id = c.id.clone();
         // The request's span, into the thread that outlives the answer (the upload).
         let span = tracing::info_span!("final_checkpoint", namespace = %info.key.namespace, pod = %info.key.name);
         let spawned = std::thread::Builder::new()
@@ -360,6 +361,12 @@ impl Agent {
                     )));
                     return;
                 };
+                // The checkpoint waited for may have been this pod's final one, taken for another
+                // of its containers stopping at the same time: it holds this one too.
+                if let Some(reference) = exec.final_covering(&uid, &container_id) {
+                    let _ = tx.send(Ok((reference, 0)));
+                    return;
+                }
                 let left = deadline.saturating_duration_since(Instant::now());
                 let record = cluster.checkpoint_started(&info, &stamp, "Termination", left);
                 let a = Agent {
@@ -369,7 +376,7 @@ impl Agent {
                 };
                 let r = a.checkpoint(&job);
                 cluster.checkpoint_finished(record.as_deref(), &info, &stamp, &r);
-                let _ = tx.send(r);
+                let _ = tx.send(r.map(|o| (o.reference, o.total_ms)));
             });
         if spawned.is_err() {
             return ResponseBody::Failed {
@@ -397,10 +404,10 @@ impl Agent {
             }
         }
         match rx.recv_timeout(wait) {
-            Ok(Ok(o)) => {
-                info!(container = %req.container_id, reference = %o.reference, total_ms = o.total_ms, "final checkpoint done");
+            Ok(Ok((reference, total_ms))) => {
+                info!(container = %req.container_id, %reference, total_ms, "final checkpoint done");
                 ResponseBody::Done {
-                    checkpoint_ref: o.reference,
+                    checkpoint_ref: reference,
                     end_with_kill,
                 }
             }
