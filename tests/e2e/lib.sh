@@ -110,9 +110,10 @@ EOF
 }
 # counter NS NAME REPLICAS STATE_MB [STRATEGY] [ENGINE-VERSION] [RUNTIME-CLASS|none]: a Deployment
 # of stasis-counter (tick 100 ms, port 7070), tolerating an unreachable node for 5 s (node loss is
-# noticed fast)
+# noticed fast); its memory limit is STATE_MB + 192 MiB, or $COUNTER_LIMIT_MIB
 counter() {
   local ns=$1 name=$2 replicas=$3 mb=$4 strategy=${5:-RollingUpdate} engine=${6:-v1} rc=${7:-stasis}
+  local limit=${COUNTER_LIMIT_MIB:-$(($4 + 192))}
   local rcl="runtimeClassName: $rc"; [ "$rc" = none ] && rcl="# no runtimeClassName (plain runc)"
   kubectl -n "$ns" apply -f - >/dev/null <<EOF
 apiVersion: apps/v1
@@ -141,7 +142,7 @@ spec:
         - {name: LISTEN_PORT, value: "7070"}
         ports: [{containerPort: 7070}]
         resources:
-          limits: {memory: "$((mb + 192))Mi"}
+          limits: {memory: "${limit}Mi"}
 EOF
 }
 # scenario NS APP INTERVAL COUNTER-ARGS...: a fresh namespace, a CheckpointPolicy "every-<interval>"
@@ -232,6 +233,52 @@ diagnose() { # NS: what the test saw, for a failed scenario
   kubectl -n "$1" get pods -o wide 2>&1 | sed 's/^/#   /'
   kubectl -n "$1" get pckpt,prestore 2>&1 | sed 's/^/#   /'
   kubectl -n "$1" get events --sort-by=.lastTimestamp 2>&1 | tail -25 | sed 's/^/#   /'
+}
+
+# ------------------------------------------------------------------ restart in place (OOM kill)
+# counter_pid NS POD NODE: the host pid of the pod's counter, from runc's state on its node
+counter_pid() {
+  local cid
+  cid=$(kubectl -n "$1" get pod "$2" -o jsonpath='{.status.containerStatuses[0].containerID}')
+  cid=${cid#containerd://}
+  jq -r .init_process_pid "$("$CLUSTER" node-root "$3")/run/containerd/runc/k8s.io/$cid/state.json" 2>/dev/null
+}
+# pod_images NS POD NODE: the node's directory of the pod's images (images/<pod-uid>)
+pod_images() {
+  echo "$("$CLUSTER" node-root "$3")/var/lib/stasis/images/$(kubectl -n "$1" get pod "$2" -o jsonpath='{.metadata.uid}')"
+}
+# check_kept_reference LETTER IMAGES WHAT: for a restart in place the node keeps a reference to
+# the checkpoint WHAT (its chunks are in the encrypted chunk cache) and no memory image under
+# IMAGES (a pod_images directory)
+check_kept_reference() {
+  check "$1: the node keeps a reference to $3 for a restart in place ($(ls "$2"/.latest-*/.stasis-latest.json 2>/dev/null | sed "s|.*/images/|images/|"))" \
+    bash -c "ls '$2'/.latest-*/.stasis-latest.json"
+  check "$1: ... and no memory image under the node's images/<pod-uid>/ ($(find "$2" -name 'pages-*.img' 2>/dev/null | wc -l) pages-*.img)" \
+    test -z "$(find "$2" -name 'pages-*.img' 2>/dev/null)"
+}
+# restarted NS POD: the pod's container was restarted (restartCount >= 1) and counts again
+restarted() {
+  [ "$(kubectl -n "$1" get pod "$2" -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1 ] && counting "$1" "$2"
+}
+# oom_restores NS POD: the checkpointRef of each Restored PodRestore of the pod's restarts in place
+oom_restores() {
+  kubectl -n "$1" get prestore -o json | jq -r --arg p "$2" \
+    '.items[] | select(.spec.targetPodName == $p and (.metadata.name | contains("-oom-")) and .status.phase == "Restored") | .spec.checkpointRef'
+}
+restored_in_place() { [ "$(oom_restores "$1" "$2" | grep -c .)" = 1 ]; }
+# check_resumed_after_oom LETTER NS POD C_CKPT WHAT: after a restart in place (the pod followed),
+# the kubelet saw an OOM kill and the counter resumed from the checkpoint WHAT (C_CKPT: the last
+# count before it began): its first count is past C_CKPT and at most one past the last count
+# before the kill, and it never says state=CORRUPT
+check_resumed_after_oom() {
+  local l=$1 ns=$2 pod=$3 c_ckpt=$4 what=$5 c_kill c_first
+  c_kill=$(last_count "$pod"); c_first=$(first_count "$ns" "$pod")
+  echo "# count at $what >= $c_ckpt, last count before the OOM kill: $c_kill, first count after the restart: $c_first"
+  check "$l: the kubelet saw an OOM kill (lastState.terminated.reason)" test \
+    "$(kubectl -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.reason}')" = OOMKilled
+  check "$l: it resumed from $what: first count ($c_first) > $c_ckpt, and not a cold start's 1" resumed "$c_first" "$c_ckpt"
+  check "$l: ... and <= the last count before the kill + 1 ($c_kill)" ge "$((c_kill + 1))" "$c_first"
+  check "$l: never state=CORRUPT" not_corrupt "$ns" "$pod"
 }
 
 # up_and_install: start the cluster, load the counter image, install the chart (a failed check and

@@ -138,30 +138,17 @@ if first_pod P1 c "$NS" oom; then
   LAST=$(ckpts "$NS" "$P1" | tail -1)
   wait_for 10 "the followed log of $P1 to pass its heartbeat" logged_after "$P1" "${LAST%% *}"
   C_CKPT=$(count_before "$P1" "${LAST%% *}")
-  CID=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].containerID}'); CID=${CID#containerd://}
-  PID=$(jq -r .init_process_pid "$("$CLUSTER" node-root "$NO")/run/containerd/runc/k8s.io/$CID/state.json" 2>/dev/null)
-  # What the node keeps for the restart in place: a reference to the heartbeat (its chunks are in
-  # the encrypted chunk cache), no memory image (security review M6)
-  IMGS="$("$CLUSTER" node-root "$NO")/var/lib/stasis/images/$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.metadata.uid}')"
-  check "c: the node keeps a reference to the heartbeat for a restart in place ($(ls "$IMGS"/.latest-*/.stasis-latest.json 2>/dev/null | sed "s|.*/images/|images/|"))" \
-    bash -c "ls '$IMGS'/.latest-*/.stasis-latest.json"
-  check "c: ... and no memory image under the node's images/<pod-uid>/ ($(find "$IMGS" -name 'pages-*.img' 2>/dev/null | wc -l) pages-*.img)" \
-    test -z "$(find "$IMGS" -name 'pages-*.img' 2>/dev/null)"
+  PID=$(counter_pid "$NS" "$P1" "$NO")
+  # What the node keeps for the restart in place (security review M6)
+  IMGS=$(pod_images "$NS" "$P1" "$NO")
+  check_kept_reference c "$IMGS" "the heartbeat"
   # SIGRTMIN: the counter grows its memory until the OOM killer acts (its limit is 256 MiB)
   check "c: SIGRTMIN to the counter (pid $PID on $NO) from the host" kill -s RTMIN "$PID"
   t=$(date +%s.%N)
-  restarted() { [ "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1 ] && counting "$NS" "$P1"; }
-  if check "c: the container is restarted in place and counts again" retry 60 restarted; then
+  if check "c: the container is restarted in place and counts again" retry 60 restarted "$NS" "$P1"; then
     echo "# counting again $(secs "$t") s after the signal"
-    C_KILL=$(last_count "$P1"); C_FIRST=$(first_count "$NS" "$P1")
-    echo "# count at the last heartbeat >= $C_CKPT, last count before the OOM kill: $C_KILL, first count after the restart: $C_FIRST"
-    check "c: the kubelet saw an OOM kill (lastState.terminated.reason)" test \
-      "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.reason}')" = OOMKilled
-    check "c: it resumed from the latest checkpoint: first count ($C_FIRST) > $C_CKPT, and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
-    check "c: ... and <= the last count before the kill + 1 ($C_KILL)" ge "$((C_KILL + 1))" "$C_FIRST"
-    check "c: never state=CORRUPT" not_corrupt "$NS" "$P1"
-    restored_in_place() { kubectl -n "$NS" get prestore -o json | jq -e --arg p "$P1" '[.items[] | select(.spec.targetPodName == $p and (.metadata.name | contains("-oom-")) and .status.phase == "Restored")] | length == 1'; }
-    check "c: a PodRestore of the restart in place, Restored" retry 30 restored_in_place
+    check_resumed_after_oom c "$NS" "$P1" "$C_CKPT" "the latest checkpoint"
+    check "c: a PodRestore of the restart in place, Restored" retry 30 restored_in_place "$NS" "$P1"
     check "c: a Restored Event on the pod" retry 30 bash -c "kubectl -n $NS get events --field-selector involvedObject.name=$P1,reason=Restored -o name | grep -q ."
     event "$NS" "$P1" Restored | sed 's/^/#   /'
     check "c: the restore directory is gone after the restore: no memory image under images/<pod-uid>/" \
@@ -191,14 +178,9 @@ CANARY_IMAGE=$("$REPO/tests/images/counter-canary/build")
 mkdir -p /etc/stasis-canary && echo node >/etc/stasis-canary/keep
 on_exit "rm -rf /etc/stasis-canary"
 COUNTER_IMAGE=$CANARY_IMAGE scenario "$NS" canary 10s 1 64
-# the pid of the pod's running counter, from runc's state on its node
-s_pid() {
-  local cid; cid=$(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}'); cid=${cid#containerd://}
-  jq -r .init_process_pid "$("$CLUSTER" node-root "$2")/run/containerd/runc/k8s.io/$cid/state.json" 2>/dev/null
-}
 if first_pod P1 s "$NS" canary; then
   NO=$(node_of "$NS" "$P1")
-  PID=$(s_pid "$P1" "$NO")
+  PID=$(counter_pid "$NS" "$P1" "$NO")
   # The workload's `rm /w/x; mkdir /w/x; touch /w/x/a`, in its own root (the image has no shell):
   # overlayfs records /w/x as an opaque directory in the container's upper directory.
   R=/proc/$PID/root
@@ -208,12 +190,10 @@ if first_pod P1 s "$NS" canary; then
   s_after() { ckpts "$NS" "$P1" | awk -v t="$T_CHANGE" '$1 > t' | grep -q .; }
   check "s: a heartbeat of $P1 that started after the change Succeeded" retry 60 s_after
   check "s: SIGRTMIN to the counter (the OOM kill and restart in place of c)" kill -s RTMIN "$PID"
-  s_restarted() { [ "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1 ] && counting "$NS" "$P1"; }
-  if check "s: the container is restarted in place and counts again" retry 60 s_restarted; then
+  if check "s: the container is restarted in place and counts again" retry 60 restarted "$NS" "$P1"; then
     check "s: the node's /etc/stasis-canary/keep still exists" test -f /etc/stasis-canary/keep
-    s_in_place() { kubectl -n "$NS" get prestore -o json | jq -e --arg p "$P1" '[.items[] | select(.spec.targetPodName == $p and (.metadata.name | contains("-oom-")) and .status.phase == "Restored")] | length == 1'; }
-    check "s: it was restored in place (PodRestore Restored)" retry 30 s_in_place
-    PID2=$(s_pid "$P1" "$NO")
+    check "s: it was restored in place (PodRestore Restored)" retry 30 restored_in_place "$NS" "$P1"
+    PID2=$(counter_pid "$NS" "$P1" "$NO")
     check "s: /w/x/a is in the restored container (pid $PID2)" test -f "/proc/$PID2/root/w/x/a"
     check "s: never state=CORRUPT" not_corrupt "$NS" "$P1"
   else

@@ -25,31 +25,6 @@ e2e_begin triggers
 
 up_and_install
 
-# a Deployment of one counter: NS NAME STATE_MB LIMIT_MIB
-counter_limited() {
-  kubectl -n "$1" apply -f - >/dev/null <<EOF
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: $2}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: $2}}
-  template:
-    metadata: {labels: {app: $2}}
-    spec:
-      runtimeClassName: stasis
-      terminationGracePeriodSeconds: 30
-      containers:
-      - name: counter
-        image: $COUNTER_IMAGE
-        imagePullPolicy: Never
-        env:
-        - {name: STATE_MB, value: "$3"}
-        - {name: INTERVAL_MS, value: "100"}
-        resources:
-          limits: {memory: "$4Mi"}
-EOF
-}
 # the pod's checkpoints with this reason: "<name> <phase> <startTime> <completionTime> <ref>"
 ckpts_of() { # NS POD REASON
   kubectl -n "$1" get pckpt -o json | jq -r --arg p "$2" --arg r "$3" \
@@ -72,7 +47,7 @@ spec:
   interval: 4m
   triggers: {memoryPercent: 80}
 EOF
-counter_limited "$NS" hungry 104 128
+COUNTER_LIMIT_MIB=128 counter "$NS" hungry 1 104
 if P1=$(wait_one_counting "$NS" hungry 120); then
   NO=$(node_of "$NS" "$P1")
   follow "$NS" "$P1"
@@ -92,31 +67,18 @@ if P1=$(wait_one_counting "$NS" hungry 120); then
   check "m: no heartbeat checkpoint meanwhile (the restore below can only be the memory checkpoint's)" \
     test -z "$(ckpts_of "$NS" "$P1" Heartbeat)"
   C_CKPT=$(count_before "$P1" "$T_CK_START")
-  CID=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].containerID}'); CID=${CID#containerd://}
-  PID=$(jq -r .init_process_pid "$("$CLUSTER" node-root "$NO")/run/containerd/runc/k8s.io/$CID/state.json" 2>/dev/null)
-  # What the node keeps for the restart in place: a reference, no memory image (security review M6)
-  IMGS="$("$CLUSTER" node-root "$NO")/var/lib/stasis/images/$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.metadata.uid}')"
-  check "m: the node keeps a reference to the memory checkpoint ($(ls "$IMGS"/.latest-*/.stasis-latest.json 2>/dev/null | sed "s|.*/images/|images/|"))" \
-    bash -c "ls '$IMGS'/.latest-*/.stasis-latest.json"
-  check "m: ... and no memory image under the node's images/<pod-uid>/ ($(find "$IMGS" -name 'pages-*.img' 2>/dev/null | wc -l) pages-*.img)" \
-    test -z "$(find "$IMGS" -name 'pages-*.img' 2>/dev/null)"
+  PID=$(counter_pid "$NS" "$P1" "$NO")
+  # What the node keeps for the restart in place (security review M6)
+  check_kept_reference m "$(pod_images "$NS" "$P1" "$NO")" "the memory checkpoint"
   # SIGRTMIN: the counter grows its memory, 16 MiB at a time, until the OOM killer acts
   T_KILL=$(date +%s.%N)
   check "m: SIGRTMIN to the counter (pid $PID on $NO): its memory grows until the OOM kill" kill -s RTMIN "$PID"
   echo "# the checkpoint completed $(awk -v a="$(epoch "$T_CK_END")" -v b="$T_KILL" 'BEGIN{printf "%.1f", b-a}') s before the memory growth that ended in the OOM kill began"
-  restarted() { [ "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1 ] && counting "$NS" "$P1"; }
-  if check "m: the container is restarted in place and counts again" retry 60 restarted; then
+  if check "m: the container is restarted in place and counts again" retry 60 restarted "$NS" "$P1"; then
     echo "# counting again $(secs "$T_KILL") s after the signal"
-    C_KILL=$(last_count "$P1"); C_FIRST=$(first_count "$NS" "$P1")
-    check "m: the kubelet saw an OOM kill (lastState.terminated.reason)" test \
-      "$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.reason}')" = OOMKilled
-    oom_restore() { kubectl -n "$NS" get prestore -o json | jq -r --arg p "$P1" '.items[] | select(.spec.targetPodName == $p and (.metadata.name | contains("-oom-")) and .status.phase == "Restored") | .spec.checkpointRef'; }
-    check "m: a PodRestore of the restart in place, Restored" retry 30 bash -c "[ -n \"\$(kubectl -n $NS get prestore -o json | jq -r '.items[] | select((.metadata.name | contains(\"-oom-\")) and .status.phase == \"Restored\") | .metadata.name')\" ]"
-    check "m: ... from the MemoryPressure checkpoint ($REF = $(oom_restore))" test "$(oom_restore)" = "$REF"
-    echo "# count at the memory checkpoint >= $C_CKPT, last count before the OOM kill: $C_KILL, first count after the restart: $C_FIRST"
-    check "m: it resumed from it: first count ($C_FIRST) > $C_CKPT, and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
-    check "m: ... and <= the last count before the kill + 1 ($C_KILL)" ge "$((C_KILL + 1))" "$C_FIRST"
-    check "m: never state=CORRUPT" not_corrupt "$NS" "$P1"
+    check "m: a PodRestore of the restart in place, Restored" retry 30 restored_in_place "$NS" "$P1"
+    check "m: ... from the MemoryPressure checkpoint ($REF = $(oom_restores "$NS" "$P1"))" test "$(oom_restores "$NS" "$P1")" = "$REF"
+    check_resumed_after_oom m "$NS" "$P1" "$C_CKPT" "the MemoryPressure checkpoint"
   else
     diagnose "$NS"
   fi
