@@ -25,10 +25,6 @@ pub const WRAPPED_LEN: usize = 1 + NONCE_LEN + 32 + 16;
 pub const SECRET_PREFIX: &str = "stasis-key-";
 /// Data field of the wrapped key.
 pub const SECRET_FIELD: &str = "wrapped";
-/// Annotation naming the cluster key a data key is wrapped with.
-pub use crate::names::CLUSTER_KEY_ID as CLUSTER_KEY_ID_ANNOTATION;
-/// Label naming the namespace a data key Secret is for.
-pub use crate::names::NAMESPACE as NAMESPACE_LABEL;
 
 /// File next to the cluster key holding the keys it replaced, one per line (64 hex digits).
 pub const RETIRED_KEYS_FILE: &str = "retired.keys";
@@ -315,11 +311,11 @@ pub async fn load_or_create(
             name: Some(name.clone()),
             namespace: Some(home.to_owned()),
             labels: Some(BTreeMap::from([(
-                NAMESPACE_LABEL.to_owned(),
+                crate::names::NAMESPACE.to_owned(),
                 namespace.to_owned(),
             )])),
             annotations: Some(BTreeMap::from([(
-                CLUSTER_KEY_ID_ANNOTATION.to_owned(),
+                crate::names::CLUSTER_KEY_ID.to_owned(),
                 ring.id().to_owned(),
             )])),
             ..Default::default()

@@ -28,12 +28,8 @@ use crate::names::{self, DECLARE_PREFIX, GENERATION, LINEAGE};
 pub const RECORD_KEY: &str = "lineage.json";
 /// [`names::HOLDER_UID`], under the name the agent used before [`names`] existed.
 pub use names::HOLDER_UID as HOLDER_UID_LABEL;
-/// [`names::LINEAGE_RECORD`], under the name the agent used before [`names`] existed.
-pub use names::LINEAGE_RECORD as RECORD_LABEL;
 /// [`names::NAMESPACE`], under the name the agent used before [`names`] existed.
 pub use names::NAMESPACE as RECORD_NAMESPACE_LABEL;
-/// [`names::NODE`], under the name the agent used before [`names`] existed.
-pub use names::NODE as NODE_LABEL;
 
 /// Name of the ConfigMap holding a lineage's record: `lineage-` + 32 hex digits of BLAKE3 of
 /// the lineage id (lineage ids may hold `_` and exceed what an object name allows).
@@ -120,7 +116,7 @@ mod tests {
     #[test]
     fn declared_version_mismatches() {
         let pod = |labels: &[(&str, &str)]| Pod {
-            metadata: kube::api::ObjectMeta {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 labels: Some(
                     labels
                         .iter()

@@ -12,20 +12,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::core::{Selector, SelectorExt};
 use kube::ResourceExt;
 use serde::Serialize;
+use stasis_api::names::{DECISION, DECISION_REASON, LINEAGE, RESTORE_FROM};
 use stasis_api::{CheckpointPhase, CheckpointPolicy, PodCheckpoint};
 
-// The pod annotations stasis's webhook and controller write (for people to read; nothing in
-// stasis trusts them, and neither does this plugin: it only shows them).
-/// Pod annotation: the lineage the pod continues.
-pub const LINEAGE_ANNOTATION: &str = "stasis.dev/lineage";
-/// Pod annotation: the lineage generation of the pod's claim.
-pub const GENERATION_ANNOTATION: &str = "stasis.dev/generation";
-/// Pod annotation: `Restore` or `ColdStart`, what stasis decided when the pod was created.
-pub const DECISION_ANNOTATION: &str = "stasis.dev/decision";
-/// Pod annotation: why a cold start.
-pub const DECISION_REASON_ANNOTATION: &str = "stasis.dev/decision-reason";
-/// Pod annotation: the checkpoint a restoring pod resumes from.
-pub const RESTORE_FROM_ANNOTATION: &str = "stasis.dev/restore-from";
+// The pod annotations stasis's webhook and controller write (`stasis_api::names`) are for people
+// to read; nothing in stasis trusts them, and neither does this plugin: it only shows them.
+/// [`stasis_api::names::LINEAGE`] and [`stasis_api::names::DECISION`], as `advise` names them.
+pub use stasis_api::names::{DECISION as DECISION_ANNOTATION, LINEAGE as LINEAGE_ANNOTATION};
 
 /// Unix milliseconds of a Kubernetes time.
 pub fn ms(t: &Time) -> i64 {
@@ -120,10 +113,7 @@ pub fn pod_status(
     now_ms: i64,
 ) -> PodStatus {
     let ann = pod.annotations();
-    let lineage = ann
-        .get(LINEAGE_ANNOTATION)
-        .filter(|l| !l.is_empty())
-        .cloned();
+    let lineage = ann.get(LINEAGE).filter(|l| !l.is_empty()).cloned();
     let mine: Vec<&PodCheckpoint> = checkpoints
         .iter()
         .filter(|c| of_pod(c, pod, lineage.as_deref()))
@@ -158,7 +148,7 @@ pub fn pod_status(
         let started = pod.status.as_ref()?.start_time.as_ref().map(ms)?;
         Some(next_due(interval, started, own_last, now_ms))
     });
-    let decision = ann.get(DECISION_ANNOTATION).cloned();
+    let decision = ann.get(DECISION).cloned();
     PodStatus {
         namespace: pod.namespace().unwrap_or_default(),
         pod: pod.name_any(),
@@ -170,10 +160,10 @@ pub fn pod_status(
         last_checkpoint: last,
         next_due_seconds,
         cold_start_reason: (decision.as_deref() == Some("ColdStart"))
-            .then(|| ann.get(DECISION_REASON_ANNOTATION).cloned())
+            .then(|| ann.get(DECISION_REASON).cloned())
             .flatten(),
         restored_from: (decision.as_deref() == Some("Restore"))
-            .then(|| ann.get(RESTORE_FROM_ANNOTATION).cloned())
+            .then(|| ann.get(RESTORE_FROM).cloned())
             .flatten(),
         decision,
     }

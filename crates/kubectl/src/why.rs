@@ -6,13 +6,11 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::ResourceExt;
 use serde::Serialize;
+use stasis_api::names::{DECISION, DECISION_REASON, GENERATION, LINEAGE, RESTORE_FROM};
 use stasis_api::PodRestore;
 
 use crate::table::{human_duration, Table};
-use crate::view::{
-    ms, DECISION_ANNOTATION, DECISION_REASON_ANNOTATION, GENERATION_ANNOTATION, LINEAGE_ANNOTATION,
-    RESTORE_FROM_ANNOTATION,
-};
+use crate::view::ms;
 
 /// The admission decision of one pod and what followed it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -87,11 +85,11 @@ pub fn why(pod: &Pod, restores: &[PodRestore], events: &[Event], now_ms: i64) ->
         namespace: pod.namespace().unwrap_or_default(),
         pod: pod.name_any(),
         runtime_class: pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()),
-        decision: get(DECISION_ANNOTATION),
-        reason: get(DECISION_REASON_ANNOTATION),
-        restore_from: get(RESTORE_FROM_ANNOTATION),
-        lineage: get(LINEAGE_ANNOTATION),
-        generation: get(GENERATION_ANNOTATION),
+        decision: get(DECISION),
+        reason: get(DECISION_REASON),
+        restore_from: get(RESTORE_FROM),
+        lineage: get(LINEAGE),
+        generation: get(GENERATION),
         restores: restores
             .iter()
             .filter(|r| r.spec.target_pod_name == pod.name_any())
