@@ -241,6 +241,19 @@ mod tests {
     }
 
     #[test]
+    fn a_termination_capture_covers_the_pods_other_containers() {
+        let t = tempfile::tempdir().unwrap();
+        let rt = crate::executor::test_runtime();
+        let exec = crate::executor::test_executor(t.path(), &rt, None, stasis_store::Key::random());
+        assert_eq!(exec.final_covering("u", "c1"), None);
+        exec.record_final("u", "l/1".into(), vec!["c1".into(), "c2".into()]);
+        assert_eq!(exec.final_covering("u", "c2").as_deref(), Some("l/1"));
+        // A container restarted since has another id; another pod is another pod.
+        assert_eq!(exec.final_covering("u", "c3"), None);
+        assert_eq!(exec.final_covering("v", "c1"), None);
+    }
+
+    #[test]
     fn a_pod_checkpoint_needs_every_member_running() {
         let want = vec!["proxy".to_string(), "app".to_string()];
         check_complete(&["app", "proxy"], &want).unwrap();
