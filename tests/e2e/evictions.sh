@@ -10,6 +10,11 @@
 #      the CPU the victim's request holds
 #   4. workload kinds: a StatefulSet (graceful delete; the replacement has the same name), a Job
 #      with restartPolicy Never (drained: an API eviction), an indexed Job (graceful delete)
+#  4d. a Job with restartPolicy OnFailure, drained (the Job replaces the evicted pod; the kubelet
+#      would restart a failed container in place, but an evicted pod is gone)
+#  4e. a bare pod (no owner) restored through a PodRestore: checkpointed, deleted; then, as a user
+#      does it, `kubectl stasis restore bare-2 --from <its final checkpoint>` and a new pod bare-2
+#      with the same spec on the other node (the webhook makes it wait for that PodRestore)
 #   5. node-pressure eviction by the kubelet (hard threshold, no grace, no disruption budget):
 #      the node's evictionHard memory.available raised above what the kubelet sees available
 #      (its kubelet restarted with that); stasis's own pods on the node survive it
@@ -23,9 +28,11 @@
 # old pod's last count - the replacement's first + 1), and a table of them at the end.
 #
 # Needs root. Prints "N passed, M failed" (and the skipped), exits non-zero when a check failed.
-# STASIS_E2E_ONLY="1 3": only these paths (4 and 5 run on whatever pod the earlier left);
-# STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up; STASIS_INSTALL_NO_BUILD=1 reuses
-# target/images/stasis.oci.tar.
+# STASIS_E2E_ONLY="1 3": only these paths ("4" runs 4a-4e, "4d" only 4d; 5 runs on whatever pod
+# the earlier left); STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up; STASIS_INSTALL_NO_BUILD=1
+# reuses target/images/stasis.oci.tar. STASIS_E2E_STATE_MB (64) and STASIS_E2E_INTERVAL (5s): the
+# counter's state and the heartbeat interval (bench/k8s.sh runs the paths at 256 MiB and 2 GiB);
+# KUBECTL_STASIS: the plugin for 4e (default target/debug/kubectl-stasis).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER=$REPO/scripts/cluster
@@ -35,6 +42,9 @@ NS=e2e-evict
 TAINT=e2e.stasis.dev/evict
 FIGURES=$WORK/figures
 PRESSURED=""   # a node whose kubelet runs with the raised threshold (restored by cleanup)
+STATE_MB=${STASIS_E2E_STATE_MB:-64}
+INTERVAL=${STASIS_E2E_INTERVAL:-5s}
+KS=${KUBECTL_STASIS:-$REPO/target/debug/kubectl-stasis}
 
 # shellcheck source=tests/e2e/lib.sh
 . "$REPO/tests/e2e/lib.sh"
@@ -62,46 +72,51 @@ on_exit untaint
 on_exit "kubectl delete priorityclass e2e-evict-low e2e-evict-high --ignore-not-found"
 figures() {
   [ -s "$FIGURES" ] || return 0
-  echo "# path | trigger -> back at the old pod's last count (s) | counts lost (100 ms each) | restored from"
+  echo "# path | trigger -> back at the old pod's last count (s) | counts lost (100 ms each) | restored from | the old pod's last count | load average (1 min) | state (MiB)"
   sed 's/^/# /' "$FIGURES"
 }
 
 # ------------------------------------------------------------------ the workloads
-# the pod template of every workload here: the counter (64 MiB, tick 100 ms), opted in, in the
+# the pod template of every workload here: the counter (STATE_MB, tick 100 ms), opted in, in the
 # low PriorityClass, with a CPU request (preemption needs one to take) and memory request =
 # limit (the kubelet ranks pods within their requests last under memory pressure)
 template() { # APP RESTART-POLICY
   cat <<EOF
     metadata:
       labels: {app: $1}
+$(pod_spec "$2")
+EOF
+}
+pod_spec() { # RESTART-POLICY (indented for a pod template)
+  cat <<EOF
     spec:
       runtimeClassName: stasis
       priorityClassName: e2e-evict-low
-      restartPolicy: $2
+      restartPolicy: $1
       terminationGracePeriodSeconds: 30
       containers:
       - name: counter
         image: $COUNTER_IMAGE
         imagePullPolicy: Never
         env:
-        - {name: STATE_MB, value: "64"}
+        - {name: STATE_MB, value: "$STATE_MB"}
         - {name: INTERVAL_MS, value: "100"}
         resources:
-          requests: {cpu: 200m, memory: 256Mi}
-          limits: {memory: 256Mi}
+          requests: {cpu: 200m, memory: $((STATE_MB + 192))Mi}
+          limits: {memory: $((STATE_MB + 192))Mi}
 EOF
 }
-job() { # NAME [SPEC-LINE]: a Job of one pod, restartPolicy Never
+job() { # NAME RESTART-POLICY [SPEC-LINE]: a Job of one pod
   kubectl -n "$NS" apply -f - >/dev/null <<EOF
 apiVersion: batch/v1
 kind: Job
 metadata: {name: $1}
 spec:
   completions: 1
-  ${2:-parallelism: 1}
+  ${3:-parallelism: 1}
   backoffLimit: 3
   template:
-$(template "$1" Never)
+$(template "$1" "$2")
 EOF
 }
 deployment() {
@@ -200,7 +215,7 @@ settle() {
   back=-; [ -n "$reached" ] && back=$(awk -v a="$t" -v b="$(epoch "$reached")" 'BEGIN{printf "%.1f", b-a}')
   ref=$(newest_restore "$NEW" | cut -d' ' -f2)
   echo "# $label: back at count $c_stop $back s after the trigger; counts lost: $((c_stop - c_first + 1))"
-  echo "$label | $back | $((c_stop - c_first + 1)) | $(kubectl -n "$NS" get pckpt -o json | jq -r --arg r "$ref" '[.items[] | select(.status.checkpointRef == $r) | .spec.reason] | first // "?"')" >>"$FIGURES"
+  echo "$label | $back | $((c_stop - c_first + 1)) | $(kubectl -n "$NS" get pckpt -o json | jq -r --arg r "$ref" '[.items[] | select(.status.checkpointRef == $r) | .spec.reason] | first // "?"') | $c_stop | $(cut -d' ' -f1 /proc/loadavg) | $STATE_MB" >>"$FIGURES"
 }
 current() { wait_one_counting "$NS" counter 120; }
 # job_replaced LABEL JOB: the Job makes a replacement of OLD rather than counting OLD as its
@@ -220,6 +235,33 @@ job_replaced() {
   return 0
 }
 
+# job_path LABEL JOB RESTART-POLICY drain|delete [SPEC-LINE]: a Job of one pod, whose pod is
+# drained (an API eviction) or deleted (grace 30 s); the Job replaces it and the replacement
+# restores. The old pod ends by SIGKILL after its final checkpoint: an exit 0 on the SIGTERM would
+# have been the Job's completion (with OnFailure as with Never).
+job_path() {
+  local label=$1 name=$2 how=$4 out rc
+  echo "# --- $label. Job $name (restartPolicy $3${5:+, $5}): $how"
+  job "$name" "$3" "${5:-}"
+  NEW=""
+  if P=$(wait_one_counting "$NS" "$name" 120) && arm "$label" "$P"; then
+    t=$(date +%s.%N)
+    if [ "$how" = drain ]; then
+      out=$(drain "$OLD_NODE" --ignore-daemonsets --delete-emptydir-data --pod-selector "app=$name" --timeout=120s 2>&1); rc=$?
+      check "$label: kubectl drain $OLD_NODE --pod-selector app=$name" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
+    else
+      kubectl -n "$NS" delete pod "$OLD" --grace-period=30 --wait=false >/dev/null
+    fi
+    job_replaced "$label" "$name" && settle "$label" "job-name=$name" "$t"
+    [ -z "$NEW" ] || check "$label: Job $name has not completed (status.succeeded: $(kubectl -n "$NS" get job "$name" -o jsonpath='{.status.succeeded}'))" \
+      test -z "$(kubectl -n "$NS" get job "$name" -o jsonpath='{.status.succeeded}')"
+    [ "$how" != drain ] || kubectl uncordon "$OLD_NODE" >/dev/null
+  else
+    fail "$label: the pod of Job $name counts"; diagnose "$NS"
+  fi
+  kubectl -n "$NS" delete job "$name" --wait=false >/dev/null
+}
+
 # ------------------------------------------------------------------ up, install, workload
 up_and_install
 new_ns "$NS"
@@ -236,7 +278,7 @@ metadata: {name: e2e-evict-high}
 value: 1000
 description: "e2e: the preemptor"
 EOF
-for a in counter sts job ijob; do policy "$NS" "every-5s-$a" "$a" 5s; done
+for a in counter sts job ijob ojob bare; do policy "$NS" "every-$INTERVAL-$a" "$a" "$INTERVAL"; done
 deployment
 P=$(current) || { fail "the counter Deployment's pod counts"; diagnose "$NS"; finish; }
 echo "# stasis's pods: $(kubectl -n stasis-system get pods -o wide --no-headers | awk '{print $1 "@" $7}' | tr '\n' ' ')"
@@ -329,31 +371,54 @@ else
 fi
 kubectl -n "$NS" delete statefulset sts --wait=false >/dev/null
 
-echo "# --- 4b. Job (restartPolicy Never): drained"
-job job
-if P=$(wait_one_counting "$NS" job 120) && arm 4b "$P"; then
-  t=$(date +%s.%N)
-  out=$(drain "$OLD_NODE" --ignore-daemonsets --delete-emptydir-data --pod-selector app=job --timeout=120s 2>&1); rc=$?
-  check "4b: kubectl drain $OLD_NODE --pod-selector app=job" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
-  job_replaced 4b job && settle 4b job-name=job "$t"
-  kubectl uncordon "$OLD_NODE" >/dev/null
-else
-  fail "4b: the Job's pod counts"; diagnose "$NS"
+job_path 4b job Never drain
+job_path 4c ijob Never delete "completionMode: Indexed"
 fi
-kubectl -n "$NS" delete job job --wait=false >/dev/null
 
-echo "# --- 4c. indexed Job (restartPolicy Never): graceful delete"
-job ijob "completionMode: Indexed"
-if P=$(wait_one_counting "$NS" ijob 120) && arm 4c "$P"; then
+# ------------------------------------------------------------------ 4d. Job, restartPolicy OnFailure
+if want 4 || want 4d; then
+kubectl -n "$NS" scale deployment counter --replicas=0 >/dev/null
+job_path 4d ojob OnFailure drain
+fi
+
+# ------------------------------------------------------------------ 4e. bare pod, PodRestore
+if want 4 || want 4e; then
+kubectl -n "$NS" scale deployment counter --replicas=0 >/dev/null
+echo "# --- 4e. bare pod restored through a PodRestore (kubectl stasis restore, then the new pod)"
+bare() { # NAME [NODE]
+  { printf 'apiVersion: v1\nkind: Pod\nmetadata:\n  name: %s\n  labels: {app: bare}\n' "$1"
+    pod_spec Always | sed 's/^    //'
+    [ -z "${2:-}" ] || printf '  nodeSelector: {kubernetes.io/hostname: %s}\n' "$2"
+  } | kubectl -n "$NS" apply -f - >/dev/null
+}
+NEW=""
+if [ ! -x "$KS" ]; then
+  fail "4e: the kubectl plugin at $KS" "not built: cargo build -p stasis-kubectl (or set KUBECTL_STASIS)"
+elif bare bare && P=$(wait_one_counting "$NS" bare 120) && arm 4e "$P"; then
   t=$(date +%s.%N)
   kubectl -n "$NS" delete pod "$OLD" --grace-period=30 --wait=false >/dev/null
-  job_replaced 4c ijob && settle 4c job-name=ijob "$t"
+  final_of() { ckpts_of "$OLD_UID" | awk '$3 == "Termination"' | grep -q .; }
+  check "4e: the final checkpoint of $OLD Succeeded" retry 60 final_of
+  ck=$(kubectl -n "$NS" get pckpt -o json | jq -r --arg u "$OLD_UID" \
+    '[.items[] | select(.status.sourcePodUID == $u and .status.phase == "Succeeded")] | sort_by(.status.startTime) | last | .metadata.name')
+  # bare-2 goes to the other node, so its checkpoint comes from the store, not the node's chunk
+  # cache: the fetch then takes longer than the sandbox's creation, and a pod that did not wait
+  # for its PodRestore started cold
+  to=$(other_node "$OLD_NODE")
+  out=$("$KS" -n "$NS" restore bare-2 --from "$ck" 2>&1); rc=$?
+  echo "# 4e: \$ kubectl stasis restore bare-2 --from $ck: $out"
+  check "4e: kubectl stasis restore bare-2 --from $ck" test $rc -eq 0
+  bare bare-2 "$to"
+  check "4e: the webhook made bare-2 wait for its PodRestore ($(ann "$NS" bare-2 decision-reason))" bash -c \
+    "kubectl -n $NS get pod bare-2 -o jsonpath='{.spec.initContainers[*].name}' | grep -qw stasis-restore-wait"
+  settle 4e app=bare "$t"
+  [ -n "$NEW" ] && check "4e: the restored pod is bare-2 on $to" test "$NEW $(node_of "$NS" "$NEW")" = "bare-2 $to"
 else
-  fail "4c: the indexed Job's pod counts"; diagnose "$NS"
+  fail "4e: the bare pod counts"; diagnose "$NS"
 fi
-kubectl -n "$NS" delete job ijob --wait=false >/dev/null
-kubectl -n "$NS" scale deployment counter --replicas=1 >/dev/null
+kubectl -n "$NS" delete pod bare bare-2 --ignore-not-found --wait=false >/dev/null
 fi
+if want 4 || want 4d || want 4e; then kubectl -n "$NS" scale deployment counter --replicas=1 >/dev/null; fi
 
 # ------------------------------------------------------------------ 5. node-pressure eviction
 if want 5; then
