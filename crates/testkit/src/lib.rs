@@ -11,16 +11,26 @@
 //! - [`counter`]: reading the counter workload's `count=<n> state=ok` lines.
 //! - [`net`]: a TCP port for a server the test starts, which the kernel does not hand out to
 //!   anyone else meanwhile; a line from such a server; a container's network namespace.
+//! - [`s3`]: a real S3-compatible server (s3s-fs) on such a port.
+//!
+//! [`Requirements`] and [`World`] need the engine (its runc and CRIU checks): feature
+//! `containers`, on by default. The store's tests take the kit without it, since the engine
+//! depends on the store.
 
 pub mod bundle;
 pub mod counter;
 pub mod net;
+#[cfg(feature = "containers")]
 mod ready;
+pub mod s3;
+#[cfg(feature = "containers")]
 mod world;
 
 pub use bundle::Overlay;
 pub use net::free_port;
+#[cfg(feature = "containers")]
 pub use ready::Requirements;
+#[cfg(feature = "containers")]
 pub use world::{Lines, RuncRoot, World};
 
 use std::path::{Path, PathBuf};
@@ -48,4 +58,13 @@ pub fn workspace_binary(name: &str, env_var: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let p = exe.parent()?.parent()?.join(name);
     p.exists().then_some(p)
+}
+
+/// What a test that cannot run here does: under `CI` it panics (a CI machine must run every
+/// test), else it prints `SKIPPED <test>: needs <needs>: <why>` and the test returns.
+pub fn cannot_run(test: &str, needs: &str, why: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{test} cannot run in CI: {why}");
+    }
+    eprintln!("SKIPPED {test}: needs {needs}: {why}");
 }
