@@ -12,10 +12,19 @@
 #   node costs stasis-runc create+delete vs runc create+delete of a container that does not
 #              restore (N runs each, median); stasisd RSS idle and its peak while it checkpoints;
 #              stasis-controller RSS with PODS opted-in pods
+#   paths      with PATHS (e.g. "1 2 3 4 5"): the eviction paths of tests/e2e/evictions.sh, run
+#              at each STATE_MB in SIZES (the counter holds that much memory, heartbeats every
+#              PATH_INTERVAL): per path the time from the trigger until the replacement is back
+#              at the old pod's last count, the counts lost, the checkpoint restored and the
+#              machine's load average; beside it the baseline, a cold start redoing the same
+#              count (the cold run's time from the drain to its first count + count / its
+#              ticks per second, both measured at that size), and the ratio
 #
 # Needs root. Environment: SIZES ("256 2048"), PROGRESS_S (120), PODS (100), CREATE_RUNS (20),
-# RECOVERY_ONLY=1 (no node costs), BASELINE=0 (no cold-start runs),
-# STASIS_INSTALL_NO_BUILD=1 (reuse target/images/stasis.oci.tar), KEEP_CLUSTER=1 (leave it up).
+# RECOVERY_ONLY=1 (no node costs), BASELINE=0 (no cold-start runs), PATHS ("": none),
+# PATHS_ONLY=1 (only the paths and their cold baselines), PATH_INTERVAL (10s), PATH_LOGS (a
+# directory to keep evictions.sh's output in), STASIS_INSTALL_NO_BUILD=1 (reuse
+# target/images/stasis.oci.tar), KEEP_CLUSTER=1 (leave it up).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CLUSTER=$REPO/scripts/cluster
@@ -23,6 +32,8 @@ SIZES=${SIZES:-256 2048}
 PROGRESS_S=${PROGRESS_S:-120}
 PODS=${PODS:-100}
 CREATE_RUNS=${CREATE_RUNS:-20}
+PATHS=${PATHS:-}
+PATH_INTERVAL=${PATH_INTERVAL:-10s}
 WORK=$(mktemp -d /tmp/stasis-bench-k8s.XXXXXX)
 RESULTS=$WORK/results
 cleanup() {
@@ -107,6 +118,7 @@ recover() { # MB MODE(stasis|cold) TARGET-COUNT(cold only)
   c_before=$(last_count "$p1")
   [ "$mode" = stasis ] && target=$c_before
   p2=$(wait_replacement "$ns" app "$p1" 300) || die "$ns: no replacement"
+  local counting_after; counting_after=$(since "$t")
   first=$(first_count "$ns" "$p2")
   follow "$ns" "$p2"
   until c=$(count_now "$ns" "$p2") && [ -n "$c" ] && [ "$c" -ge "$target" ]; do sleep 0.2; done
@@ -120,18 +132,38 @@ recover() { # MB MODE(stasis|cold) TARGET-COUNT(cold only)
     reason=$(kubectl -n "$ns" get pckpt -o json | jq -r --arg r "$ref" '.items[] | select(.status.checkpointRef == $r) | .spec.reason')
     echo "recovery $mb stasis $back $target $first $(rate "$WORK/$p1.log") $(peak "$WORK/rss-$node") $(kubectl -n "$ns" get pckpt -o json | jq -r '[.items[] | select(.status.phase == "Succeeded" and .spec.reason == "Heartbeat") | .status.freezeMillis] | add / length | floor') ${reason:-?} $(jq -r '.status.fetchMillis // "?"' <<<"$pr") $(jq -r '.status.restoreMillis // "?"' <<<"$pr")" >>"$RESULTS"
   else
-    echo "recovery $mb cold $back $target $first $(rate "$WORK/$p2.log")" >>"$RESULTS"
+    echo "recovery $mb cold $back $target $first $(rate "$WORK/$p2.log") $counting_after" >>"$RESULTS"
   fi
   kubectl delete namespace "$ns" --wait=false >/dev/null
   echo "$target"
 }
+if [ -z "${PATHS_ONLY:-}" ]; then
 for mb in $SIZES; do
   target=$(recover "$mb" stasis) || exit 1
   [ "${BASELINE:-1}" = 0 ] || recover "$mb" cold "$target" >/dev/null || exit 1
 done
+fi
+
+# ------------------------------------------------------------------ eviction paths
+# tests/e2e/evictions.sh at each size (its checks still count: a failed one is reported); its
+# figure lines are "# <path> | <back s> | <lost> | <restored from> | <old count> | <load> | <MiB>"
+if [ -n "$PATHS" ]; then
+  for mb in $SIZES; do
+    # the baseline: a cold start's time to its first count and its rate, at this size
+    grep -q "^recovery $mb cold " "$RESULTS" || recover "$mb" cold 100 >/dev/null || exit 1
+    say "eviction paths $PATHS at $mb MiB (tests/e2e/evictions.sh, heartbeats every $PATH_INTERVAL)"
+    log=${PATH_LOGS:-$WORK}/evictions-$mb.log
+    STASIS_E2E_ONLY="$PATHS" STASIS_E2E_STATE_MB=$mb STASIS_E2E_INTERVAL=$PATH_INTERVAL \
+      STASIS_E2E_KEEP_CLUSTER=1 STASIS_INSTALL_NO_BUILD=1 "$REPO/tests/e2e/evictions.sh" >"$log" 2>&1
+    echo "paths_run $mb $(tail -1 "$log" | tr ' ' _) $(uptime | sed 's/.*load average: //; s/ //g')" >>"$RESULTS"
+    grep '^not ok' "$log" | sed "s/^/bench: $mb MiB: /" >&2
+    sed -n 's/^# \([0-9][a-z]*\) | \(.*\)$/\1 | \2/p' "$log" |
+      awk -F' [|] ' 'NF == 7 { print "path", $7, $1, $2, $3, $4, $5, $6 }' >>"$RESULTS"
+  done
+fi
 
 # ------------------------------------------------------------------ create overhead on a node
-if [ -z "${RECOVERY_ONLY:-}" ]; then
+if [ -z "${RECOVERY_ONLY:-}" ] && [ -z "${PATHS_ONLY:-}" ]; then
 say "create overhead: $CREATE_RUNS x create+delete each, runc vs stasis-runc"
 R1=$("$CLUSTER" node-root worker-1)
 BUNDLE=$WORK/bundle
@@ -191,9 +223,25 @@ awk '$1 == "recovery" {
   printf "%-9s %-8s %12s %13s %12s %13s   %s\n", $2 " MiB", $3, $4, $5, $6, $7, note }' "$RESULTS"
 echo
 awk '$1 == "recovery" { back[$2 "/" $3] = $4; rate[$2 "/" $3] = $7; sizes[$2] = 1 }
-  END { for (s in sizes) if ((s "/cold") in back) {
+  END { for (s in sizes) if ((s "/cold") in back && (s "/stasis") in back) {
     printf "%s MiB: back at the pre-drain count %.1fx faster with stasis (%.1f s vs %.1f s); ticks/s with a 10 s policy / without: %.3f\n",
       s, back[s "/cold"] / back[s "/stasis"], back[s "/stasis"], back[s "/cold"], rate[s "/stasis"] / rate[s "/cold"] } }' "$RESULTS"
+if grep -q '^path ' "$RESULTS"; then
+  echo
+  echo "eviction paths (tests/e2e/evictions.sh, heartbeats every $PATH_INTERVAL): trigger -> back at the old pod's last count"
+  printf '%-9s %-34s %9s %6s %-14s %10s %15s %7s %8s\n' "state" "path" "back (s)" "lost" "restored from" "old count" "cold start (s)" "ratio" "load 1m"
+  awk 'BEGIN { n["1"] = "taint NoExecute"; n["2"] = "Karpenter (taint, eviction)"; n["3"] = "priority preemption";
+         n["4a"] = "StatefulSet, delete"; n["4b"] = "Job Never, drain"; n["4c"] = "indexed Job, delete";
+         n["4d"] = "Job OnFailure, drain"; n["4e"] = "bare pod, PodRestore"; n["5"] = "kubelet node pressure" }
+    $1 == "recovery" && $3 == "cold" && NF >= 8 { first[$2] = $8; rate[$2] = $7 }
+    $1 == "path" {
+      base = ($2 in rate && rate[$2] > 0) ? first[$2] + $7 / rate[$2] : 0
+      ratio = (base > 0 && $4 > 0) ? sprintf("%.1fx", base / $4) : "-"
+      cold = (base > 0) ? sprintf("%.1f", base) : "-"
+      printf "%-9s %-34s %9s %6s %-14s %10s %15s %7s %8s\n", $2 " MiB", $3 " " n[$3], $4, $5, $6, $7, cold, ratio, $8 }' "$RESULTS"
+  awk '$1 == "recovery" && $3 == "cold" && NF >= 8 { printf "(cold start at %s MiB: counting %s s after the drain, then %s ticks/s)\n", $2, $8, $7 }
+       $1 == "paths_run" { gsub(/_/, " ", $3); printf "(evictions.sh at %s MiB: %s; load average at its end %s)\n", $2, $3, $4 }' "$RESULTS"
+fi
 awk '$1 == "create_ms" { ms[$2] = $3 } END { if ("runc" in ms)
   printf "create+delete (no restore), median of '"$CREATE_RUNS"': runc %.1f ms, stasis-runc %.1f ms: +%.1f ms\n", ms["runc"], ms["stasis-runc"], ms["stasis-runc"] - ms["runc"] }' "$RESULTS"
 awk '$1 == "agent_idle_rss_mib" { printf "stasisd idle RSS on %s: %s MiB\n", $2, $3 }' "$RESULTS"
