@@ -119,6 +119,21 @@ impl Fake {
         img
     }
 
+    /// A test agent on the run dir's socket, answering with `answer`.
+    fn agent(
+        &self,
+        answer: impl Fn(&Request) -> Option<ResponseBody> + Send + Sync + 'static,
+    ) -> TestServer {
+        TestServer::start(self.run_dir().join("agent.sock"), answer).unwrap()
+    }
+
+    /// [`Fake::globals`] followed by `args`.
+    fn with_globals(&self, args: &[&str]) -> Vec<String> {
+        let mut all = self.globals();
+        all.extend(args.iter().map(|a| a.to_string()));
+        all
+    }
+
     fn globals(&self) -> Vec<String> {
         vec![
             "--root".into(),
@@ -185,18 +200,14 @@ fn passthrough_is_an_exec_with_the_same_arguments_stdio_and_exit_code() {
 #[test]
 fn sigterm_asks_the_agent_for_a_final_checkpoint_then_forwards() {
     let f = Fake::new();
-    let srv = TestServer::start(f.run_dir().join("agent.sock"), |r: &Request| {
-        match &r.body {
-            RequestBody::FinalCheckpoint(c) => Some(ResponseBody::Done {
-                checkpoint_ref: format!("final-{}", c.container_id),
-                end_with_kill: false,
-            }),
-            _ => None,
-        }
-    })
-    .unwrap();
-    let mut args = f.globals();
-    args.extend(["kill", "c1", "15"].map(String::from));
+    let srv = f.agent(|r: &Request| match &r.body {
+        RequestBody::FinalCheckpoint(c) => Some(ResponseBody::Done {
+            checkpoint_ref: format!("final-{}", c.container_id),
+            end_with_kill: false,
+        }),
+        _ => None,
+    });
+    let args = f.with_globals(&["kill", "c1", "15"]);
     let st = f.cmd(&strs(&args)).status().unwrap();
     assert!(st.success());
     let reqs = srv.requests();
@@ -222,22 +233,17 @@ fn sigterm_asks_the_agent_for_a_final_checkpoint_then_forwards() {
 #[test]
 fn a_job_pod_ends_with_sigkill_after_its_final_checkpoint() {
     let f = Fake::new();
-    let _srv = TestServer::start(f.run_dir().join("agent.sock"), |r: &Request| {
-        match &r.body {
-            RequestBody::FinalCheckpoint(c) => Some(ResponseBody::Captured {
-                checkpoint_ref: format!("final-{}", c.container_id),
-                end_with_kill: true,
-            }),
-            _ => None,
-        }
-    })
-    .unwrap();
-    let mut args = f.globals();
-    args.extend(["kill", "c1", "TERM"].map(String::from));
+    let _srv = f.agent(|r: &Request| match &r.body {
+        RequestBody::FinalCheckpoint(c) => Some(ResponseBody::Captured {
+            checkpoint_ref: format!("final-{}", c.container_id),
+            end_with_kill: true,
+        }),
+        _ => None,
+    });
+    let args = f.with_globals(&["kill", "c1", "TERM"]);
     let st = f.cmd(&strs(&args)).status().unwrap();
     assert!(st.success());
-    let mut want = f.globals();
-    want.extend(["kill", "c1", "KILL"].map(String::from));
+    let want = f.with_globals(&["kill", "c1", "KILL"]);
     assert_eq!(f.calls()[0].1, want, "the SIGTERM became a SIGKILL");
     assert!(f.log().contains("ends with SIGKILL"), "{}", f.log());
 }
@@ -245,14 +251,13 @@ fn a_job_pod_ends_with_sigkill_after_its_final_checkpoint() {
 #[test]
 fn a_late_agent_holds_a_stop_at_most_the_deadline() {
     let f = Fake::new();
-    let _srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| {
+    let _srv = f.agent(|_: &Request| {
         std::thread::sleep(Duration::from_secs(5));
         Some(ResponseBody::Done {
             checkpoint_ref: "too late".into(),
             end_with_kill: false,
         })
-    })
-    .unwrap();
+    });
     let t = Instant::now();
     let st = f
         .cmd(&["--log", f.p("log.json").to_str().unwrap(), "kill", "c1"])
@@ -287,7 +292,7 @@ fn no_agent_costs_a_stop_nothing() {
 #[test]
 fn a_restore_that_fails_falls_back_to_the_original_create() {
     let f = Fake::new();
-    let srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| None).unwrap();
+    let srv = f.agent(|_: &Request| None);
     let b = f.bundle("b", serde_json::json!({}));
     let plans = f.run_dir().join("plans");
     f.plan(
@@ -295,18 +300,14 @@ fn a_restore_that_fails_falls_back_to_the_original_create() {
         Some("c9"),
         "ref-9",
     );
-    let mut args = f.globals();
-    args.extend(
-        [
-            "create",
-            "--bundle",
-            b.to_str().unwrap(),
-            "--pid-file",
-            "/x/init.pid",
-            "c9",
-        ]
-        .map(String::from),
-    );
+    let args = f.with_globals(&[
+        "create",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--pid-file",
+        "/x/init.pid",
+        "c9",
+    ]);
     let st = f
         .cmd(&strs(&args))
         .env("FAKE_RESTORE_RC", "1")
@@ -353,20 +354,16 @@ fn a_restore_makes_start_a_no_op_once() {
         None,
         "ref-1",
     );
-    let mut args = f.globals();
-    args.extend(
-        [
-            "create",
-            "--bundle",
-            b.to_str().unwrap(),
-            "--pid-file",
-            "/x/init.pid",
-            "--console-socket",
-            "/x/console.sock",
-            "c1",
-        ]
-        .map(String::from),
-    );
+    let args = f.with_globals(&[
+        "create",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--pid-file",
+        "/x/init.pid",
+        "--console-socket",
+        "/x/console.sock",
+        "c1",
+    ]);
     let st = f.cmd(&strs(&args)).status().unwrap();
     assert!(st.success(), "{}", f.log());
     let work = f.run_dir().join("work/c1");
@@ -396,8 +393,7 @@ fn a_restore_makes_start_a_no_op_once() {
         f.log()
     );
 
-    let mut start = f.globals();
-    start.extend(["start", "c1"].map(String::from));
+    let start = f.with_globals(&["start", "c1"]);
     assert!(f.cmd(&strs(&start)).status().unwrap().success());
     assert_eq!(
         f.calls().len(),
@@ -527,18 +523,14 @@ fn the_wrapper_adds_about_a_millisecond_to_create() {
         serde_json::json!({"io.kubernetes.cri.container-type": "container",
             "io.kubernetes.cri.sandbox-uid": "u", "io.kubernetes.cri.container-name": "app"}),
     );
-    let mut args = f.globals();
-    args.extend(
-        [
-            "create",
-            "--bundle",
-            b.to_str().unwrap(),
-            "--pid-file",
-            "/x/p",
-            "c1",
-        ]
-        .map(String::from),
-    );
+    let args = f.with_globals(&[
+        "create",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--pid-file",
+        "/x/p",
+        "c1",
+    ]);
     let run = |c: &mut Command| assert!(c.stdout(Stdio::null()).status().unwrap().success());
     const N: usize = 50;
     let direct = median_ms(|| run(Command::new("/bin/true").args(&args)), N);
@@ -546,12 +538,11 @@ fn the_wrapper_adds_about_a_millisecond_to_create() {
         || run(f.cmd(&strs(&args)).env("STASIS_REAL_RUNC", "/bin/true")),
         N,
     );
-    let srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| {
+    let srv = f.agent(|_: &Request| {
         Some(ResponseBody::NoPlan {
             reason: "none".into(),
         })
-    })
-    .unwrap();
+    });
     let with_agent = median_ms(
         || run(f.cmd(&strs(&args)).env("STASIS_REAL_RUNC", "/bin/true")),
         N,
@@ -569,16 +560,14 @@ fn the_wrapper_adds_about_a_millisecond_to_create() {
 #[test]
 fn a_slow_agent_costs_create_at_most_the_plan_timeout() {
     let f = Fake::new();
-    let _srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| {
+    let _srv = f.agent(|_: &Request| {
         std::thread::sleep(Duration::from_secs(3));
         Some(ResponseBody::NoPlan {
             reason: "late".into(),
         })
-    })
-    .unwrap();
+    });
     let b = f.bundle("b", serde_json::json!({}));
-    let mut args = f.globals();
-    args.extend(["create", "--bundle", b.to_str().unwrap(), "c1"].map(String::from));
+    let args = f.with_globals(&["create", "--bundle", b.to_str().unwrap(), "c1"]);
     let t = Instant::now();
     // Asking for more than the 200 ms ceiling gets the ceiling.
     let st = f
@@ -602,14 +591,13 @@ fn a_slow_agent_costs_create_at_most_the_plan_timeout() {
 fn an_untrusted_plan_file_is_not_used() {
     use std::os::unix::fs::PermissionsExt;
     let f = Fake::new();
-    let srv = TestServer::start(f.run_dir().join("agent.sock"), |_: &Request| None).unwrap();
+    let srv = f.agent(|_: &Request| None);
     let plans = f.run_dir().join("plans");
     let p = planfile::path_for_container(&plans, "c1").unwrap();
     f.plan(&p, Some("c1"), "ref-1");
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
     let b = f.bundle("b", serde_json::json!({}));
-    let mut args = f.globals();
-    args.extend(["create", "--bundle", b.to_str().unwrap(), "c1"].map(String::from));
+    let args = f.with_globals(&["create", "--bundle", b.to_str().unwrap(), "c1"]);
     assert!(f.cmd(&strs(&args)).status().unwrap().success());
     assert_eq!(f.calls().len(), 1);
     assert_eq!(f.calls()[0].1, args, "cold start");
