@@ -167,6 +167,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
                 settings.clone(),
                 exec.clone(),
                 busy.clone(),
+                shutdown.clone(),
             ))?;
             let t = crate::k8s::label_loop(&running, settings.clone(), stop.clone());
             rt.spawn(crate::notice::run(

@@ -11,7 +11,9 @@
 # manifest digest (reason CheckpointDamaged) or does not list the checkpoint; fencing (a lineage record claimed by another holder at a
 # newer generation turns the old holder's next checkpoint into Failed/Fenced); a PodRestore of a missing checkpoint → Failed with
 # the reason and Event CheckpointDamaged; the wrapper's `restored` report → PodRestore Restored and a Restored Event; a
-# termination checkpoint over the socket recorded as a PodCheckpoint (reason Termination).
+# termination checkpoint over the socket recorded as a PodCheckpoint (reason Termination); a
+# PodRestore created before its pod is bound, prepared once the pod lands; after a restart, a
+# checkpoint the agent was taking marked Failed and a restore it was fetching prepared again.
 #
 # Usage: apiserver-agent.sh <stasisd> <stasis-runc> <lineage> <record-name>
 #   (run as root under a reaping subreaper; the record name is
@@ -216,14 +218,17 @@ else
     fail "opt-in: $(kubectl get podcheckpoint plain -o json | jq -c .status)"
 fi
 
-# A replacement pod and its PodRestore: prepared to Ready, with the per-pod plan file.
-uid_b=$(pod counter-b)
-kubectl apply -f - >/dev/null <<EOF
+podrestore() { # podrestore <pod> <checkpoint ref>: a PodRestore of that name into that pod
+    kubectl apply -f - >/dev/null <<EOF
 apiVersion: stasis.dev/v1alpha1
 kind: PodRestore
-metadata: {name: counter-b, namespace: default}
-spec: {checkpointRef: "$ref", targetPodName: counter-b, sourcePodName: counter-a}
+metadata: {name: $1, namespace: default}
+spec: {checkpointRef: "$2", targetPodName: $1, sourcePodName: counter-a}
 EOF
+}
+# A replacement pod and its PodRestore: prepared to Ready, with the per-pod plan file.
+uid_b=$(pod counter-b)
+podrestore counter-b "$ref"
 if wait_for 60 phase_is podrestore counter-b Ready &&
     [[ -f $work/run/plans/pod_${uid_b}_counter.json && -f $work/images/$uid_b/counter/criu/inventory.img ]]; then
     pass "PodRestore Ready ($(jp podrestore counter-b default '{.status.message}')); plan file and images on the node"
@@ -231,17 +236,25 @@ else
     fail "PodRestore counter-b: $(kubectl get podrestore counter-b -o json | jq -c .status); plans: $(ls "$work/run/plans" 2>&1)"
 fi
 
+# A PodRestore created before its pod is bound here (the webhook creates it at admission): left
+# alone while no pod of that name is on the node, prepared once the pod lands.
+podrestore counter-g "$ref"
+sleep 2
+early=$(jp podrestore counter-g default '{.status.phase}')
+uid_g=$(pod counter-g)
+if [[ -z $early ]] && wait_for 60 phase_is podrestore counter-g Ready &&
+    [[ -f $work/run/plans/pod_${uid_g}_counter.json ]]; then
+    pass "a PodRestore created before its pod: untouched until the pod is bound here, then Ready"
+else
+    fail "PodRestore before its pod (phase before the pod: '$early'): $(kubectl get podrestore counter-g -o json | jq -c .status)"
+fi
+
 # The manifest in the store is not the one the controller published (the record holds another
 # digest: what a node holding the data key that rewrote the manifest would leave): refused as
 # damage in the store, before anything is fetched; then a checkpoint the record does not list.
 uid_d=$(pod counter-d)
 record 1 "$uid_a" "[$(entry "$ref" "sha256:$(printf '%064d' 1)")]"
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: stasis.dev/v1alpha1
-kind: PodRestore
-metadata: {name: counter-d, namespace: default}
-spec: {checkpointRef: "$ref", targetPodName: counter-d, sourcePodName: counter-a}
-EOF
+podrestore counter-d "$ref"
 if wait_for 60 phase_is podrestore counter-d Failed &&
     [ "$(jp podrestore counter-d default '{.status.conditions[?(@.type=="Ready")].reason}')" = CheckpointDamaged ] &&
     jp podrestore counter-d default '{.status.message}' | grep -q 'is not the one published' &&
@@ -252,12 +265,7 @@ else
 fi
 uid_f=$(pod counter-f)
 record 1 "$uid_a" '[]'
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: stasis.dev/v1alpha1
-kind: PodRestore
-metadata: {name: counter-f, namespace: default}
-spec: {checkpointRef: "$ref", targetPodName: counter-f, sourcePodName: counter-a}
-EOF
+podrestore counter-f "$ref"
 if wait_for 60 phase_is podrestore counter-f Failed &&
     jp podrestore counter-f default '{.status.message}' | grep -q 'not a published checkpoint' &&
     [[ ! -e $work/run/plans/pod_${uid_f}_counter.json ]]; then
@@ -319,12 +327,7 @@ fi
 
 # A restore of a checkpoint that does not exist: Failed, and a ColdStart Event on the pod.
 pod counter-c >/dev/null
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: stasis.dev/v1alpha1
-kind: PodRestore
-metadata: {name: counter-c, namespace: default}
-spec: {checkpointRef: "$gone", targetPodName: counter-c}
-EOF
+podrestore counter-c "$gone"
 # A checkpoint whose manifest is gone is damage in the store, an alarm (the typed reason
 # CheckpointDamaged, on the PodRestore's Ready condition and the Event), never a plain failure the
 # controller would answer by restoring older memory.
@@ -354,10 +357,15 @@ else
 fi
 agent_pid=
 
-# A checkpoint the agent was taking when it stopped: failed when the agent starts again.
+# A checkpoint the agent was taking when it stopped: failed when the agent starts again. A
+# restore it was fetching: prepared again.
 ckpt interrupted
 kubectl patch podcheckpoint interrupted --subresource=status --type=merge \
     -p '{"status":{"phase":"Running","node":"test-node"}}' >/dev/null
+uid_h=$(pod counter-h)
+podrestore counter-h "$ref"
+kubectl patch podrestore counter-h --subresource=status --type=merge \
+    -p '{"status":{"phase":"Fetching","node":"test-node"}}' >/dev/null
 NODE_NAME=test-node "$stasisd" --store "file://$work/store" --cluster-key "$work/cluster-key" \
     --runc-root "$runc_root" --socket "$work/run/agent.sock" --plans-dir "$work/run/plans" \
     --images-dir "$work/images" --work-dir "$work/work" --metrics-addr "" \
@@ -368,6 +376,11 @@ if wait_for 30 phase_is podcheckpoint interrupted Failed; then
     pass "a checkpoint interrupted by an agent restart is Failed: $(jp podcheckpoint interrupted default '{.status.conditions[0].message}')"
 else
     fail "interrupted checkpoint: $(kubectl get podcheckpoint interrupted -o json | jq -c .status)"
+fi
+if wait_for 60 phase_is podrestore counter-h Ready && [[ -f $work/run/plans/pod_${uid_h}_counter.json ]]; then
+    pass "a restore interrupted by an agent restart is prepared again: $(jp podrestore counter-h default '{.status.message}')"
+else
+    fail "interrupted restore: $(kubectl get podrestore counter-h -o json | jq -c .status)"
 fi
 
 ((failures == 0)) || exit 1

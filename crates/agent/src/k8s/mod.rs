@@ -2,34 +2,39 @@
 //!
 //! - a reflector of the pods bound to this node (`spec.nodeName=<node>`), and one of the
 //!   `CheckpointPolicy`s (which pods want a termination checkpoint);
-//! - `PodCheckpoint`s whose source pod is on this node and whose phase is unset or `Pending`:
-//!   run by a checkpoint worker thread (one at a time per pod), status `Running` →
+//! - a controller of the `PodCheckpoint`s whose source pod is on this node and whose phase is
+//!   unset or `Pending`: run on a job pool (one at a time per pod), status `Running` →
 //!   `Succeeded` / `Failed` with the `Ready` condition;
-//! - `PodRestore`s whose target pod is on this node and whose phase is unset or `Pending`:
-//!   `Fetching` → fetch, verify, plan file → `Ready`, or `Failed` with a `ColdStart` Event;
+//! - a controller of the `PodRestore`s whose target pod is on this node and whose phase is unset
+//!   or `Pending`: `Fetching` → fetch, verify, plan file → `Ready`, or `Failed` with a
+//!   `ColdStart` Event;
 //! - the wrapper's reports → `PodRestore` `Restored` / `ColdStart` and a pod Event;
 //! - the node labels (`stasis.dev/ready` and the fingerprint labels), refreshed periodically and
 //!   `ready` removed on shutdown;
 //! - namespace data keys from Secrets in stasis's namespace, created if absent (create-only:
 //!   the first writer wins, a loser reads the winner's key).
 //!
-//! The watchers run on tokio; every job that forks (the engine) or blocks runs on plain threads,
-//! which reach the API server through `Handle::block_on`.
+//! The reconcilers run on tokio; every job that forks (the engine) or blocks runs on the plain
+//! threads of a bounded pool ([`crate::fair::JobPool`]), which reach the API server through
+//! `Handle::block_on`.
 
 mod cluster;
+mod controllers;
 mod data_keys;
 mod jobs;
 mod node_labels;
 mod pod_facts;
 mod status_writer;
-mod watch;
 
 pub use cluster::KubeCluster;
+pub use controllers::{
+    retry_delay, start, KubeSettings, ReconcileError, Running, QUEUED_PER_NAMESPACE,
+    WORKERS_PER_QUEUE,
+};
 pub use data_keys::{BrokerClient, KeyOrigin, SecretKeys, BROKER_KEY_TTL};
 pub use node_labels::{label_loop, patch_node_labels};
 pub use pod_facts::{image_digest, not_opted_in, pod_info, restore_mismatch, single_container};
 pub(crate) use status_writer::created_by_agent;
-pub use watch::{start, KubeSettings, Running, QUEUED_PER_NAMESPACE, WORKERS_PER_QUEUE};
 
 /// Field manager of the agent's patches.
 pub const MANAGER: &str = "stasisd";
