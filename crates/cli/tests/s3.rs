@@ -23,15 +23,7 @@ fn checkpoint_to_s3_and_restore_from_it() {
     // Slow ticks: each tick rewrites one block somewhere in the state, which dirties one ~1 MiB
     // chunk; few ticks between the two checkpoints keep most chunks unchanged.
     let c = w.start("s3-a", &["STATE_MB=32", "INTERVAL_MS=500"]);
-    let first = w.stasis(&[
-        "checkpoint",
-        "container",
-        "s3-a",
-        "--workload",
-        "s3",
-        "-o",
-        "json",
-    ]);
+    let first = checkpoint_as(&w, "s3", "s3-a", &["-o", "json"]);
     let first = first.json();
     assert!(
         first["reference"].as_str().unwrap().starts_with("s3/"),
@@ -43,17 +35,7 @@ fn checkpoint_to_s3_and_restore_from_it() {
     )
     .unwrap();
     c.wait_count(3);
-    let second = w
-        .stasis(&[
-            "checkpoint",
-            "container",
-            "s3-a",
-            "--workload",
-            "s3",
-            "-o",
-            "json",
-        ])
-        .json();
+    let second = checkpoint_as(&w, "s3", "s3-a", &["-o", "json"]).json();
     // Unchanged chunks are not uploaded again, through S3 too.
     let (new, total) = (
         second["stats"]["new_bytes"].as_u64().unwrap(),
