@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help setup build images platform demo test lint unit fuzz integration e2e e2e-install e2e-restore e2e-security e2e-notice bench clean cluster-up cluster-down
+.PHONY: help setup build images platform demo test lint unit fuzz integration e2e e2e-install e2e-pods e2e-restore e2e-security e2e-notice bench clean cluster-up cluster-down
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,10 +57,13 @@ e2e: setup images ## end-to-end tests on the local Kubernetes cluster: the clust
 	for s in $(E2E_SCRIPTS); do tests/e2e/$$s.sh || rc=1; done; \
 	echo "# e2e tier: $$(( $$(date +%s) - t0 )) s"; \
 	exit $$rc
-E2E_SCRIPTS ?= cluster install restore security notice triggers evictions
+E2E_SCRIPTS ?= cluster install restore security notice triggers evictions pods
 
 e2e-evictions: setup images ## only the eviction paths and workload kinds on the local cluster (tests/e2e/evictions.sh; STASIS_E2E_ONLY="1 2 3 4 5 6")
 	tests/e2e/evictions.sh
+
+e2e-pods: setup images ## only the pod with several containers, a native sidecar and an init container on the local cluster (tests/e2e/pods.sh)
+	tests/e2e/pods.sh
 
 e2e-install: setup images ## only the chart's install, upgrade and uninstall on the local cluster (tests/e2e/install.sh)
 	tests/e2e/install.sh
