@@ -126,29 +126,42 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Two counters `a` and `b` (nothing shared but the test) counting, and the image dirs of a
-/// pod checkpoint of both under `dir`.
-fn two_counters(w: &mut World, dir: &str) -> (Timeline, Timeline, ImageDir, ImageDir) {
-    let a = run_counter(w, "a");
-    let b = run_counter(w, "b");
-    advances(&a, 20, "a");
-    advances(&b, 20, "b");
+/// Two counters with runc ids `ids` (nothing shared but the test; ids unique across the tests,
+/// which run at once: runc names a container's cgroup after its id) counting, and the image
+/// dirs of a pod checkpoint of both under `dir` (`a` and `b`).
+fn two_counters(
+    w: &mut World,
+    ids: [&str; 2],
+    dir: &str,
+) -> (Timeline, Timeline, ImageDir, ImageDir) {
+    let [ida, idb] = ids;
+    let a = run_counter(w, ida);
+    let b = run_counter(w, idb);
+    advances(&a, 20, ida);
+    advances(&b, 20, idb);
     let ia = ImageDir::new(w.path(&format!("{dir}/a")));
     let ib = ImageDir::new(w.path(&format!("{dir}/b")));
     (a, b, ia, ib)
 }
 
-/// [`checkpoint_pod`] of `a` and `b`, leave-running.
+/// [`checkpoint_pod`] of containers `ids`, leave-running.
 fn pod_checkpoint(
     w: &World,
+    ids: [&str; 2],
     ia: &ImageDir,
     ib: &ImageDir,
 ) -> Result<Vec<Captured>, stasis_engine::EngineError> {
     checkpoint_pod(&PodCheckpoint {
         runc: &w.runc(),
         members: &[
-            PodMember { id: "a", image: ia },
-            PodMember { id: "b", image: ib },
+            PodMember {
+                id: ids[0],
+                image: ia,
+            },
+            PodMember {
+                id: ids[1],
+                image: ib,
+            },
         ],
         leave_running: true,
         tcp_established: true,
@@ -161,9 +174,9 @@ fn pod_containers_are_captured_at_one_instant() {
         return;
     }
     let mut w = World::new("pod-instant");
-    let (a, b, ia, ib) = two_counters(&mut w, "pod");
+    let (a, b, ia, ib) = two_counters(&mut w, ["a", "b"], "pod");
     // The pod checkpoint: both paused, both captured, both resumed.
-    let caps = pod_checkpoint(&w, &ia, &ib).expect("pod checkpoint");
+    let caps = pod_checkpoint(&w, ["a", "b"], &ia, &ib).expect("pod checkpoint");
     assert_eq!(caps.len(), 2);
     // One freeze window for both.
     assert_eq!(caps[0].timings.frozen_ms, caps[1].timings.frozen_ms);
@@ -265,12 +278,13 @@ fn a_failure_mid_capture_leaves_every_container_running() {
         return;
     }
     let mut w = World::new("pod-fail");
-    let (a, b, ia, ib) = two_counters(&mut w, "img");
+    const IDS: [&str; 2] = ["fail-a", "fail-b"];
+    let (a, b, ia, ib) = two_counters(&mut w, IDS, "img");
     // a is captured first and fine; b's CRIU images cannot be written, so its capture fails
     // while both are frozen (a already dumped, which leaves it paused).
     let ro = ReadOnly::new(&ib.criu());
     let t = Instant::now();
-    let err = pod_checkpoint(&w, &ia, &ib).expect_err("b's capture cannot succeed");
+    let err = pod_checkpoint(&w, IDS, &ia, &ib).expect_err("b's capture cannot succeed");
     drop(ro);
     println!("failed after {:.0} ms: {err}", ms(t.elapsed()));
     assert!(err.to_string().contains("img/b"), "{err}");
@@ -279,7 +293,7 @@ fn a_failure_mid_capture_leaves_every_container_running() {
         ia.criu().join("inventory.img").is_file(),
         "a was not dumped"
     );
-    for (id, tl) in [("a", &a), ("b", &b)] {
+    for (id, tl) in [(IDS[0], &a), (IDS[1], &b)] {
         assert_eq!(w.runc().state(id).unwrap().status, "running", "{id}");
         advances(tl, 10, &format!("{id} after the failed pod checkpoint"));
     }
