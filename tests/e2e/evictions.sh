@@ -152,8 +152,10 @@ arm() {
   if ! check "$1: a heartbeat of $OLD (on $OLD_NODE) Succeeded" retry 60 has_ckpt "$OLD_UID"; then
     diagnose "$NS"; return 1
   fi
-  sleep 1
+  # (the followed log must have reached the heartbeat's start, or its count before it reads 0:
+  # a loaded machine writes it late)
   local last; last=$(ckpts_of "$OLD_UID" | tail -1)
+  retry 15 logged_after "$OLD_KEY" "${last%% *}"
   C_CKPT=$(count_before "$OLD_KEY" "${last%% *}")
   echo "# $1: count at the last heartbeat >= $C_CKPT ($last)"
 }
