@@ -96,8 +96,11 @@ new_ns() {
   e2e_ns "$1"
   wait_for 30 "the default ServiceAccount of namespace $1" kubectl -n "$1" get serviceaccount default
 }
-# policy NS NAME SELECTOR-APP INTERVAL
+# policy NS NAME SELECTOR-APP INTERVAL [SPEC]: a CheckpointPolicy; SPEC is the rest of its spec
+# as one YAML line ("retention: {keepLast: 3}" when not given, nothing when empty)
 policy() {
+  local spec="retention: {keepLast: 3}"
+  [ $# -ge 5 ] && spec=$5
   kubectl -n "$1" apply -f - >/dev/null <<EOF
 apiVersion: stasis.dev/v1alpha1
 kind: CheckpointPolicy
@@ -105,7 +108,7 @@ metadata: {name: $2}
 spec:
   selector: {matchLabels: {app: $3}}
   interval: $4
-  retention: {keepLast: 3}
+  $spec
 EOF
 }
 # counter NS NAME REPLICAS STATE_MB [STRATEGY] [ENGINE-VERSION] [RUNTIME-CLASS|none]: a Deployment

@@ -324,15 +324,7 @@ echo "# --- t. a server: a readiness probe every second, clients holding connect
 NS=e2e-tcp
 new_ns "$NS"
 # (keepLast 10: retention deletes the PodCheckpoints of dropped checkpoints, and five are counted)
-kubectl -n "$NS" apply -f - >/dev/null <<'EOF'
-apiVersion: stasis.dev/v1alpha1
-kind: CheckpointPolicy
-metadata: {name: every-2s}
-spec:
-  selector: {matchLabels: {app: server}}
-  interval: 2s
-  retention: {keepLast: 10}
-EOF
+policy "$NS" every-2s server 2s "retention: {keepLast: 10}"
 kubectl -n "$NS" apply -f - >/dev/null <<EOF
 apiVersion: apps/v1
 kind: Deployment

@@ -38,15 +38,7 @@ if want m; then
 echo "# --- m. memory trigger: working set past 80 % of the limit, then an OOM kill"
 NS=e2e-memory
 new_ns "$NS"
-kubectl -n "$NS" apply -f - >/dev/null <<'EOF'
-apiVersion: stasis.dev/v1alpha1
-kind: CheckpointPolicy
-metadata: {name: memory}
-spec:
-  selector: {matchLabels: {app: hungry}}
-  interval: 4m
-  triggers: {memoryPercent: 80}
-EOF
+policy "$NS" memory hungry 4m "triggers: {memoryPercent: 80}"
 COUNTER_LIMIT_MIB=128 counter "$NS" hungry 1 104
 if P1=$(wait_one_counting "$NS" hungry 120); then
   NO=$(node_of "$NS" "$P1")
@@ -93,14 +85,7 @@ if want i; then
 echo "# --- i. interval: auto shortens when the node pool's pods are interrupted often"
 NS=e2e-auto
 new_ns "$NS"
-kubectl -n "$NS" apply -f - >/dev/null <<'EOF'
-apiVersion: stasis.dev/v1alpha1
-kind: CheckpointPolicy
-metadata: {name: auto}
-spec:
-  selector: {matchLabels: {app: auto}}
-  interval: auto
-EOF
+policy "$NS" auto auto auto ""
 check "i: the policy with interval: auto is accepted and Ready" retry 60 bash -c \
   "[ \"\$(kubectl -n $NS get ckptpolicy auto -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]"
 counter "$NS" auto 1 64
