@@ -83,19 +83,12 @@ pub fn ask_line_in(pid: i32, port: u16) -> Option<String> {
 
 /// Brings up the loopback of the network namespace of `pid` (runc leaves a new one down).
 pub fn loopback_up(pid: i32) {
-    let st = Command::new("nsenter")
-        .args([
-            "-t",
-            &pid.to_string(),
-            "-n",
-            "ip",
-            "link",
-            "set",
-            "lo",
-            "up",
-        ])
-        .status()
-        .expect("run nsenter");
+    let up = in_netns(pid, || {
+        Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+    });
+    let st = up.join().unwrap().expect("run ip");
     assert!(st.success(), "lo up in the netns of {pid}");
 }
 
