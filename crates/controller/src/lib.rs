@@ -96,17 +96,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub use stasis_core::time::now_ms;
 
-/// The reconcilers and the webhook's patch under the module names the service plumbing still
-/// uses.
-pub use reconcile as controller;
-pub use webhook::patch as admission;
-
-/// The one name the admin server reads under this module's old name; every other name is in
-/// [`stasis_api::names`].
-pub mod keys {
-    pub use stasis_api::names::DECISION_REPORTED as REPORTED_ANNOTATION;
-}
-
 /// A Kubernetes time in Unix milliseconds (0 before the epoch).
 pub fn time_ms(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> u64 {
     u64::try_from(t.0.as_millisecond()).unwrap_or(0)

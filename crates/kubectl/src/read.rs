@@ -265,6 +265,7 @@ pub async fn advise(client: &Client, scope: &Scope, runtime_class: &str) -> Resu
     Ok(facts)
 }
 
+/// Now in Unix milliseconds, as the API's times are compared here (the project's one wall clock).
 pub fn now_ms() -> i64 {
-    k8s_openapi::jiff::Timestamp::now().as_millisecond()
+    stasis_core::time::now_ms() as i64
 }
