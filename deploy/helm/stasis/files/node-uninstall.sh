@@ -8,10 +8,12 @@
 #   node-uninstall.sh wait    wait for SIGTERM, then uninstall
 #   node-uninstall.sh now     uninstall now (whatever pod installed)
 #
-# Undoes: the drop-in (then restarts containerd) and /opt/stasis/bin/stasis-runc — unless
-# containers of the handler still run on the node: containerd needs the handler for their exec,
-# logs and stop, and their shims call stasis-runc (plain runc without the agent), so both stay and
-# the log says so —, the CRIU it installed, the agent's state (/run/stasis, /var/lib/stasis
+# Undoes: the drop-in (then restarts containerd), /opt/stasis/bin/stasis-runc and the exit-0
+# program stasis-runc writes beside itself (stasis-exit0, run in place of an init container that
+# already ran before the checkpoint a pod restores) — unless containers of the handler still run
+# on the node: containerd needs the handler for their exec, logs and stop, their shims call
+# stasis-runc (plain runc without the agent), and an init container's mount may name
+# stasis-exit0, so they stay and the log says so —, the CRIU it installed, the agent's state (/run/stasis, /var/lib/stasis
 # contents) and the manifest.
 set -u
 
@@ -57,7 +59,7 @@ uninstall() {
   if [ -n "$running" ]; then
     # containerd needs the handler's config for exec, logs and stop of these pods' containers,
     # and their shims call stasis-runc: both stay (no agent: plain runc), no restart
-    log "containers of the $HANDLER handler still run on this node ($running): $CONFIG_DIR/$DROPIN and $BIN/stasis-runc stay for them until they end (install and uninstall again to remove them)"
+    log "containers of the $HANDLER handler still run on this node ($running): $CONFIG_DIR/$DROPIN, $BIN/stasis-runc and $BIN/stasis-exit0 stay for them until they end (install and uninstall again to remove them)"
   elif [ -f "$HOST$CONFIG_DIR/$DROPIN" ]; then
     if head -n1 "$HOST$CONFIG_DIR/$DROPIN" | grep -qF "$MARK"; then
       rm -f "$HOST$CONFIG_DIR/$DROPIN"; restart=yes
@@ -66,7 +68,7 @@ uninstall() {
       log "WARNING: $CONFIG_DIR/$DROPIN was not written by the installer: left alone"
     fi
   fi
-  [ -n "$running" ] || rm -f "$HOST$BIN/stasis-runc"
+  [ -n "$running" ] || rm -f "$HOST$BIN/stasis-runc" "$HOST$BIN/stasis-exit0" "$HOST$BIN"/.stasis-exit0.tmp-*
   # CRIU, only what the installer put there
   for p in $(awk '$1 == "path" {print $2}' "$HOST$MANIFEST" 2>/dev/null); do
     case $p in
@@ -84,7 +86,7 @@ uninstall() {
     [ -d "$HOST$d" ] || continue
     find "$HOST$d" -mindepth 1 -maxdepth 1 ! -name "$(basename "$RESTART_FILE")" -exec rm -rf {} + 2>/dev/null
   done
-  log "removed stasis from the node${running:+ (but the drop-in and $BIN/stasis-runc)}"
+  log "removed stasis from the node${running:+ (but the drop-in, $BIN/stasis-runc and $BIN/stasis-exit0)}"
   # last: a restart ends the exec streams of this pod, never the work above
   if [ $restart = yes ]; then
     case $RESTART in
