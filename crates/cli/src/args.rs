@@ -167,6 +167,10 @@ pub struct RestoreArgs {
     /// Id of the new container (required for containers).
     #[arg(long, required_unless_present = "process")]
     pub container_id: Option<String>,
+    /// For a checkpoint of a pod (several containers): the container (its name in the pod) to
+    /// restore into the bundle, which must be made from that container's image.
+    #[arg(long, value_name = "NAME", conflicts_with = "process")]
+    pub container: Option<String>,
     /// runc state root.
     #[arg(long, env = "STASIS_RUNC_ROOT", default_value = "/run/runc")]
     pub runc_root: PathBuf,
@@ -212,6 +216,10 @@ pub struct InspectArgs {
     pub reference: String,
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Scratch directory a pod checkpoint is fetched into, to read what each of its containers
+    /// holds (its pod index is one of its files).
+    #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
+    pub work_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -224,6 +232,10 @@ pub struct ExportArgs {
     /// current directory.
     #[arg(long = "file", short = 'f')]
     pub file: Option<PathBuf>,
+    /// For a checkpoint of a pod (several containers): the container to export (an archive
+    /// holds one container, as the kubelet writes it).
+    #[arg(long, value_name = "NAME")]
+    pub container: Option<String>,
     /// Scratch directory the checkpoint is fetched into.
     #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
     pub work_dir: PathBuf,
@@ -302,6 +314,9 @@ mod tests {
         p("stasis checkpoint process 42 --store file:///s --workload w").unwrap();
         p("stasis restore w/latest --store file:///s --bundle /b --container-id c2 --runc-root /r --key /k").unwrap();
         p("stasis restore w/latest --store file:///s --process").unwrap();
+        p("stasis restore w/latest --store file:///s --bundle /b --container-id c2 --container app").unwrap();
+        p("stasis export w/latest --store file:///s --container app").unwrap();
+        assert!(p("stasis restore w/latest --store file:///s --process --container app").is_err());
         p("stasis list --store file:///s -o json").unwrap();
         p("stasis inspect w/latest --store file:///s").unwrap();
         p("stasis gc --store file:///s --keep-last 2").unwrap();

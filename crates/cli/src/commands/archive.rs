@@ -15,7 +15,7 @@ use stasis_engine::image::ImageDir;
 use stasis_engine::node;
 use stasis_engine::upstream::{self, ExportInfo, ExportReport};
 
-use super::{now_millis, open_store, runtime, Access, Opened};
+use super::{now_millis, open_store, pod, runtime, Access, Opened};
 use crate::args::{ExportArgs, ImportArgs};
 use crate::output::{self, bytes};
 use crate::progress::Bars;
@@ -33,17 +33,22 @@ struct Exported {
 pub fn export(args: ExportArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let _orderly = signals::Orderly::enter();
     let opened = Opened::new(&args.store, &args.reference)?;
-    let manifest = &opened.manifest;
-    let exact = manifest.reference();
-    let info = ExportInfo::of(manifest);
-    let file = args.file.clone().unwrap_or_else(|| default_name(manifest));
+    let exact = opened.manifest.reference();
+    let chosen = pod::choose(&opened.manifest, args.container.as_deref(), "export")?;
+    let file = args
+        .file
+        .clone()
+        .unwrap_or_else(|| default_name(&opened.manifest, chosen.as_deref()));
     if file.exists() {
         anyhow::bail!("{} exists: choose another --file", file.display());
     }
     let scratch = ScratchDir::new(&args.work_dir, "export")?;
-    opened.fetch(&scratch.path, bars)?;
+    // A pod checkpoint's container is exported as the one-container checkpoint it is part of.
+    let fetched = pod::fetch(&opened, chosen.as_deref(), &scratch.path, bars)?;
+    let manifest = &fetched.manifest;
+    let info = ExportInfo::of(manifest);
     let spinner = bars.spinner("writing the archive");
-    let image = ImageDir::new(&scratch.path);
+    let image = ImageDir::new(&fetched.dir);
     let report = upstream::export(
         &image,
         manifest.rootfs.as_ref().map(|r| r.method),
@@ -84,15 +89,21 @@ pub fn export(args: ExportArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
 }
 
 /// `checkpoint-<pod>_<namespace>-<container>-<time>.tar`, as the kubelet names it (the
-/// workload and `stasis` stand in for a pod and namespace a CLI checkpoint does not have).
-fn default_name(m: &Manifest) -> PathBuf {
+/// workload and `stasis` stand in for a pod and namespace a CLI checkpoint does not have);
+/// `container`: the one exported of a pod checkpoint.
+fn default_name(m: &Manifest, container: Option<&str>) -> PathBuf {
     let l = |k: &str| m.labels.get(k).cloned();
     let safe = |s: String| s.replace(['/', '\0'], "_");
     PathBuf::from(format!(
         "checkpoint-{}_{}-{}-{}.tar",
         safe(l(label::POD_NAME).unwrap_or_else(|| m.workload.to_string())),
         safe(l(label::NAMESPACE).unwrap_or_else(|| "stasis".into())),
-        safe(l(label::CONTAINER_NAME).unwrap_or_else(|| "container".into())),
+        safe(
+            container
+                .map(str::to_owned)
+                .or_else(|| l(label::CONTAINER_NAME))
+                .unwrap_or_else(|| "container".into())
+        ),
         m.created_at
     ))
 }

@@ -4,13 +4,44 @@ use std::collections::HashSet;
 use std::fmt::Write;
 use std::process::ExitCode;
 
-use super::Opened;
+use serde::Serialize;
+use stasis_core::manifest::{pod_container_dir, Manifest, PodContainer};
+use stasis_core::Source;
+
+use super::{pod, Opened};
 use crate::args::InspectArgs;
 use crate::output::{self, bytes};
+use crate::progress::Bars;
+use crate::scratch::ScratchDir;
 
-pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let m = Opened::new(&args.store, &args.reference)?.manifest;
-    output::emit(&m, || {
+/// The manifest, and for a pod checkpoint what each of its containers holds (its pod index).
+#[derive(Serialize)]
+struct Inspected<'a> {
+    #[serde(flatten)]
+    manifest: &'a Manifest,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    containers: Option<Vec<PodContainer>>,
+}
+
+pub fn run(args: InspectArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
+    let opened = Opened::new(&args.store, &args.reference)?;
+    // The pod index is one of the checkpoint's files: the store reads files whole checkpoints
+    // at a time, so a pod checkpoint is fetched to read it.
+    let containers = match opened.manifest.pod_containers()? {
+        None => None,
+        Some(_) => {
+            let _orderly = crate::signals::Orderly::enter();
+            let scratch = ScratchDir::new(&args.work_dir, "inspect")?;
+            opened.fetch(&scratch.path, bars)?;
+            Some(pod::read_index(&scratch.path, &opened.manifest)?.containers)
+        }
+    };
+    let m = &opened.manifest;
+    let shown = Inspected {
+        manifest: m,
+        containers,
+    };
+    output::emit(&shown, || {
         let mut s = String::new();
         let st = &m.stats;
         let unique: HashSet<&str> = m.chunk_ids().collect();
@@ -84,6 +115,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
                 g.devices.len()
             );
         }
+        if let Some(cs) = &shown.containers {
+            describe_containers(&mut s, m, cs);
+        }
         let _ = writeln!(s, "processes");
         for p in &m.processes {
             let _ = writeln!(s, "  {:>7} {:>7}  {}", p.pid, p.ppid, p.command);
@@ -91,4 +125,44 @@ pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
         s.trim_end().to_owned()
     });
     Ok(ExitCode::SUCCESS)
+}
+
+/// A pod checkpoint's containers, one line each, and how to choose one.
+fn describe_containers(s: &mut String, m: &Manifest, cs: &[PodContainer]) {
+    let _ = writeln!(
+        s,
+        "containers   {} (a pod checkpoint: restore or export one with --container NAME)",
+        cs.len()
+    );
+    let width = cs.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    for c in cs {
+        let dir = format!("{}/", pod_container_dir(&c.name));
+        let size: u64 = m
+            .files
+            .iter()
+            .filter(|f| f.path.starts_with(&dir))
+            .map(|f| f.size)
+            .sum();
+        let source = match &c.source {
+            Source::Container { container_id } => format!("container {container_id}"),
+            Source::Process { pid } => format!("process {pid}"),
+        };
+        let fs = c.rootfs.as_ref().map_or_else(
+            || "no filesystem".to_owned(),
+            |r| {
+                format!(
+                    "filesystem {:?} ({} entries, {} deletions)",
+                    r.method, r.entries, r.deleted
+                )
+            },
+        );
+        let _ = writeln!(
+            s,
+            "  {:<width$}  {source}, {} processes, {}, {fs}, image {}",
+            c.name,
+            c.processes.len(),
+            bytes(size),
+            c.image_digest.as_deref().unwrap_or("-")
+        );
+    }
 }

@@ -20,6 +20,9 @@ struct Entry {
     logical_bytes: Option<u64>,
     /// `container <id>` or `process <pid>`, when the manifest could be read with the key.
     source: Option<String>,
+    /// A pod checkpoint's containers (in capture order); absent for one container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    containers: Option<Vec<String>>,
     /// Why the manifest could not be read with the key (damaged, another key), if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     problem: Option<String>,
@@ -49,18 +52,24 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
             },
             None => (None, None),
         };
+        let containers = manifest
+            .as_ref()
+            .and_then(|m| m.pod_containers().ok().flatten())
+            .map(|names| names.into_iter().map(str::to_owned).collect::<Vec<_>>());
         entries.push(Entry {
             reference: reference.to_string(),
             workload: c.workload.to_string(),
             id: c.id.to_string(),
             created_at: c.id.created_rfc3339(),
             logical_bytes: manifest.as_ref().map(|m| m.logical_bytes()),
-            source: manifest.as_ref().map(|m| match &m.source {
-                stasis_core::Source::Container { container_id } => {
+            source: manifest.as_ref().map(|m| match (&m.source, &containers) {
+                (_, Some(names)) => format!("pod, {} containers: {}", names.len(), names.join(",")),
+                (stasis_core::Source::Container { container_id }, None) => {
                     format!("container {container_id}")
                 }
-                stasis_core::Source::Process { pid } => format!("process {pid}"),
+                (stasis_core::Source::Process { pid }, None) => format!("process {pid}"),
             }),
+            containers,
             problem,
         });
     }

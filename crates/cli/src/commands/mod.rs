@@ -7,6 +7,7 @@ mod gc;
 mod inspect;
 mod key;
 mod list;
+mod pod;
 mod restore;
 
 use std::path::Path;
@@ -30,7 +31,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Checkpoint(c) => checkpoint::run(c, &progress),
         Command::Restore(r) => restore::run(r, &progress),
         Command::List(l) => list::run(l),
-        Command::Inspect(i) => inspect::run(i),
+        Command::Inspect(i) => inspect::run(i, &progress),
         Command::Gc(g) => gc::run(g),
         Command::Key(k) => key::run(k),
         Command::Doctor(d) => doctor::run(d),

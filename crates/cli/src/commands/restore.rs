@@ -14,7 +14,7 @@ use stasis_engine::runc::Runc;
 use stasis_engine::sockets;
 use stasis_engine::{node, EngineError};
 
-use super::{keep_failure_logs, peak_rss_bytes, Opened};
+use super::{keep_failure_logs, peak_rss_bytes, pod, Opened};
 use crate::args::RestoreArgs;
 use crate::output::{self, bytes};
 use crate::progress::Bars;
@@ -44,10 +44,9 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     // A signal from here on stops in order: no container half made, no images left.
     let _orderly = signals::Orderly::enter();
     let opened = Opened::new(&args.store, &args.reference)?;
-    let manifest = &opened.manifest;
-    let exact = manifest.reference();
+    let exact = opened.manifest.reference();
 
-    match (&manifest.source, args.process) {
+    match (&opened.manifest.source, args.process) {
         (Source::Container { .. }, true) => {
             bail!("{exact} is a container checkpoint: restore it with --bundle and --container-id, not --process")
         }
@@ -56,8 +55,23 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         }
         _ => {}
     }
+    let chosen = pod::choose(&opened.manifest, args.container.as_deref(), "restore")?;
+    // A container of a pod checkpoint is described by the pod index, one of the checkpoint's
+    // files: fetched first, then restored as a one-container checkpoint (its part). Anything
+    // else is checked before the fetch.
+    let (fetched, part) = match &chosen {
+        None => (None, None),
+        Some(name) => {
+            let t = Instant::now();
+            let scratch = ScratchDir::new(&args.work_dir, "restore")?;
+            let part = pod::fetch(&opened, Some(name), &scratch.path, bars)?;
+            (Some((scratch, t.elapsed().as_millis() as u64)), Some(part))
+        }
+    };
+    let manifest = part.as_ref().map_or(&opened.manifest, |p| &p.manifest);
 
-    // Refuse before fetching anything or touching runc: nothing is left behind.
+    // Refuse before fetching anything (a pod's container: before touching runc): nothing is
+    // left behind.
     let image_digest = match (&args.image_digest, &args.bundle) {
         (Some(d), _) => Some(d.clone()),
         (None, Some(b)) => restore::bundle_image_digest(b)?,
@@ -96,11 +110,16 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         }
     }
 
-    let scratch = ScratchDir::new(&args.work_dir, "restore")?;
-    let t = Instant::now();
-    opened.fetch(&scratch.path, bars)?;
-    let fetch_ms = t.elapsed().as_millis() as u64;
-    let image = ImageDir::new(&scratch.path);
+    let (scratch, fetch_ms) = match fetched {
+        Some(done) => done,
+        None => {
+            let scratch = ScratchDir::new(&args.work_dir, "restore")?;
+            let t = Instant::now();
+            opened.fetch(&scratch.path, bars)?;
+            (scratch, t.elapsed().as_millis() as u64)
+        }
+    };
+    let image = ImageDir::new(part.as_ref().map_or(&scratch.path, |p| &p.dir));
 
     let t = Instant::now();
     let spinner = bars.spinner("restoring");
@@ -173,7 +192,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         fetch_ms,
         restore_ms,
         total_ms: started.elapsed().as_millis() as u64,
-        bytes: manifest.logical_bytes(),
+        bytes: opened.manifest.logical_bytes(),
         peak_rss_bytes: peak_rss_bytes(),
         tcp: tcp_decision,
         gpu: restored.gpu,
