@@ -157,6 +157,12 @@ arm() {
   local last; last=$(ckpts_of "$OLD_UID" | tail -1)
   retry 15 logged_after "$OLD_KEY" "${last%% *}"
   C_CKPT=$(count_before "$OLD_KEY" "${last%% *}")
+  # (a restored pod is checkpointed as soon as it runs, before its first line: that heartbeat's
+  # count is at least the first count the pod printed, less one)
+  if [ "$C_CKPT" = 0 ]; then
+    C_CKPT=$(awk '$2 ~ /^count=[0-9]+$/ { print substr($2, 7) - 1; exit }' "$WORK/$OLD_KEY.log")
+    C_CKPT=${C_CKPT:-0}; [ "$C_CKPT" -ge 0 ] || C_CKPT=0
+  fi
   echo "# $1: count at the last heartbeat >= $C_CKPT ($last)"
 }
 # the newest pod matching SELECTOR whose UID is not OLD_UID, running and counting
