@@ -160,6 +160,18 @@ fn a_pod_checkpoint_is_inspected_restored_and_exported_one_container_at_a_time()
         .expect_err("--container nope")
         .contains("no container \"nope\""));
 
+    // The container's own image digest (from the pod index) is checked against the bundle's.
+    let other = format!("sha256:{}", "0".repeat(64));
+    let (run, _) = w.restore(
+        &reference,
+        "pod-y",
+        &["STATE_MB=8"],
+        &["--container", "side", "--image-digest", &other],
+    );
+    let e = run.expect_err("a restore into a bundle of another image");
+    assert!(e.contains("image_digest"), "{e}");
+    assert_eq!(w.status("pod-y"), None, "a container was made");
+
     // restore --container side: that counter continues.
     let (run, r) = w.restore(
         &reference,

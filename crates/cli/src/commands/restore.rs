@@ -56,22 +56,8 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let chosen = pod::choose(&opened.manifest, args.container.as_deref(), "restore")?;
-    // A container of a pod checkpoint is described by the pod index, one of the checkpoint's
-    // files: fetched first, then restored as a one-container checkpoint (its part). Anything
-    // else is checked before the fetch.
-    let (fetched, part) = match &chosen {
-        None => (None, None),
-        Some(name) => {
-            let t = Instant::now();
-            let scratch = ScratchDir::new(&args.work_dir, "restore")?;
-            let part = pod::fetch(&opened, Some(name), &scratch.path, bars)?;
-            (Some((scratch, t.elapsed().as_millis() as u64)), Some(part))
-        }
-    };
-    let manifest = part.as_ref().map_or(&opened.manifest, |p| &p.manifest);
 
-    // Refuse before fetching anything (a pod's container: before touching runc): nothing is
-    // left behind.
+    // Refuse before fetching anything or touching runc: nothing is left behind.
     let image_digest = match (&args.image_digest, &args.bundle) {
         (Some(d), _) => Some(d.clone()),
         (None, Some(b)) => restore::bundle_image_digest(b)?,
@@ -80,18 +66,36 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let target = RestoreTarget {
         // With this node's GPUs when the checkpoint recorded GPUs: without them every GPU
         // checkpoint would be refused as "this node has no NVIDIA driver".
-        node: node::fingerprint_for_restore(&manifest.requirements.node),
+        node: node::fingerprint_for_restore(&opened.manifest.requirements.node),
         image_digest: if args.process {
-            manifest.requirements.image_digest.clone()
+            opened.manifest.requirements.image_digest.clone()
         } else {
             image_digest
         },
         declared: args.declare.iter().cloned().collect(),
     };
-    let mismatches = manifest.requirements.check(&target);
-    if !mismatches.is_empty() {
-        return Err(EngineError::Incompatible(mismatches).into());
-    }
+    let compatible = |m: &stasis_core::manifest::Manifest| -> anyhow::Result<()> {
+        let mismatches = m.requirements.check(&target);
+        if !mismatches.is_empty() {
+            return Err(EngineError::Incompatible(mismatches).into());
+        }
+        Ok(())
+    };
+    compatible(&opened.manifest)?;
+    // A container of a pod checkpoint is described by the pod index, one of the checkpoint's
+    // files: fetched, then checked (its image digest) and restored as a one-container
+    // checkpoint (its part); still before runc is touched.
+    let (fetched, part) = match &chosen {
+        None => (None, None),
+        Some(name) => {
+            let t = Instant::now();
+            let scratch = ScratchDir::new(&args.work_dir, "restore")?;
+            let part = pod::fetch(&opened, Some(name), &scratch.path, bars)?;
+            compatible(&part.manifest)?;
+            (Some((scratch, t.elapsed().as_millis() as u64)), Some(part))
+        }
+    };
+    let manifest = part.as_ref().map_or(&opened.manifest, |p| &p.manifest);
     // What the target bundle must be (fresh, the bundle's own rootfs, not in use, memory).
     let source_container = match &manifest.source {
         Source::Container { container_id } => Some(container_id.as_str()),
