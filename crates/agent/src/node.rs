@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use stasis_core::deadline::{Final, Skipped};
 use stasis_core::WorkloadName;
 use stasis_node_api::{
     ContainerExitedRequest, FinalCheckpointRequest, PodRef, ReportEvent, ReportRequest,
@@ -90,6 +91,9 @@ pub trait Cluster: Send + Sync {
         container: &str,
         decision: std::result::Result<&str, &NotInPlace>,
     );
+    /// The pod's final checkpoint was skipped because it could not finish before its deadline
+    /// (`message` says why and what the replacement restores): a Warning Event on the pod.
+    fn final_skipped(&self, _pod: &PodInfo, _message: &str) {}
 }
 
 /// No cluster: pods are known from the container annotations alone, each writes its own
@@ -328,6 +332,16 @@ impl Agent {
                 end_with_kill,
             };
         }
+        // Said early, before anything is frozen: a final checkpoint that cannot finish in time
+        // would freeze the pod and publish nothing. A checkpoint in progress is waited for
+        // (below) and the decision made again when it ends.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Final::Skip(s) =
+            self.exec
+                .final_decision(&pod.pod_uid, left, self.busy.is_busy(&pod.pod_uid))
+        {
+            return final_skipped(&self.exec, self.cluster.as_ref(), &info, &s);
+        }
         let (captured_tx, captured_rx) = mpsc::channel();
         let job = CheckpointJob {
             target: Target::ContainerId(c.id.clone()),
@@ -364,10 +378,19 @@ impl Agent {
                 // The checkpoint waited for may have been this pod's final one, taken for another
                 // of its containers stopping at the same time: it holds this one too.
                 if let Some(reference) = exec.final_covering(&uid, &container_id) {
-                    let _ = tx.send(Ok((reference, 0)));
+                    let _ = tx.send(Ok(FinalEnd::Published(reference, 0)));
                     return;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
+                if let Final::Skip(s) = exec.final_decision(&uid, left, false) {
+                    let _ = tx.send(Ok(FinalEnd::Skipped(final_skipped(
+                        &exec,
+                        cluster.as_ref(),
+                        &info,
+                        &s,
+                    ))));
+                    return;
+                }
                 let record = cluster.checkpoint_started(&info, &stamp, "Termination", left);
                 let a = Agent {
                     exec,
@@ -376,7 +399,7 @@ impl Agent {
                 };
                 let r = a.checkpoint(&job);
                 cluster.checkpoint_finished(record.as_deref(), &info, &stamp, &r);
-                let _ = tx.send(r.map(|o| (o.reference, o.total_ms)));
+                let _ = tx.send(r.map(|o| FinalEnd::Published(o.reference, o.total_ms)));
             });
         if spawned.is_err() {
             return ResponseBody::Failed {
@@ -404,7 +427,8 @@ impl Agent {
             }
         }
         match rx.recv_timeout(wait) {
-            Ok(Ok((reference, total_ms))) => {
+            Ok(Ok(FinalEnd::Skipped(answer))) => answer,
+            Ok(Ok(FinalEnd::Published(reference, total_ms))) => {
                 info!(container = %req.container_id, %reference, total_ms, "final checkpoint done");
                 ResponseBody::Done {
                     checkpoint_ref: reference,
@@ -422,6 +446,30 @@ impl Agent {
             },
         }
     }
+}
+
+/// How a final checkpoint's thread ended (its errors aside).
+enum FinalEnd {
+    /// Published: its reference and how long it took.
+    Published(String, u64),
+    /// Skipped before the freeze: the answer to give.
+    Skipped(ResponseBody),
+}
+
+/// A final checkpoint skipped because it cannot finish in time: counted
+/// (`stasis_agent_checkpoints_total{result="final_skipped"}`), a Warning Event on the pod, and
+/// the `skipped` answer (the wrapper passes the stop on at once).
+fn final_skipped(
+    exec: &Executor,
+    cluster: &dyn Cluster,
+    pod: &PodInfo,
+    s: &Skipped,
+) -> ResponseBody {
+    let reason = s.to_string();
+    warn!(namespace = %pod.key.namespace, pod = %pod.key.name, estimate_ms = s.estimate.as_millis() as u64, left_ms = s.left.as_millis() as u64, fallback = %s.fallback, "final checkpoint skipped: it cannot finish before its deadline");
+    exec.metrics.checkpoint("final_skipped");
+    cluster.final_skipped(pod, &reason);
+    ResponseBody::Skipped { reason }
 }
 
 impl NodeHandler for Agent {

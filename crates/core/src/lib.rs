@@ -15,6 +15,7 @@
 //! facts from the machine and hand them in.
 
 pub mod advise;
+pub mod deadline;
 pub mod decision;
 pub mod fingerprint;
 pub mod gpu;

@@ -37,6 +37,14 @@ impl Executor {
         crate::mem::trim();
         match &r {
             Ok(o) => {
+                self.note_published(
+                    &o.pod_uid,
+                    &o.reference,
+                    stasis_core::interval::Measured {
+                        freeze_ms: o.freeze_ms,
+                        upload_ms: o.upload_ms,
+                    },
+                );
                 self.metrics.checkpoint("succeeded");
                 self.metrics
                     .checkpoint_bytes(o.logical_bytes, o.uploaded_bytes);

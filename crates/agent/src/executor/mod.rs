@@ -5,12 +5,15 @@
 //!
 //! - `checkpoint`: a checkpoint (capture, manifest, upload, fence);
 //! - `prepare`: a restore's preparation (checks, fetch, verify, plan file);
+//! - `history`: each pod's recent checkpoint costs and newest published one (a final
+//!   checkpoint's deadline decision);
 //! - `kept`: the reference to the latest checkpoint kept on the node, and the restart in place
 //!   prepared from it;
 //! - `plans`: the plan files the wrapper reads, and the sweep of stale ones;
 //! - `pod`: which containers a pod checkpoint holds and a restore prepares.
 
 mod checkpoint;
+mod history;
 mod kept;
 mod plans;
 mod pod;
@@ -170,6 +173,8 @@ pub struct Executor {
     /// The latest termination capture of each pod: its reference and container ids (see
     /// [`Executor::final_covering`]).
     finals: std::sync::Mutex<std::collections::HashMap<String, FinalCapture>>,
+    /// Each pod's recent checkpoints ([`Executor::final_decision`]).
+    history: history::Histories,
 }
 
 /// A termination checkpoint's capture of a pod.
@@ -260,6 +265,7 @@ impl Executor {
             rt,
             metrics,
             finals: Default::default(),
+            history: Default::default(),
         }
     }
 
