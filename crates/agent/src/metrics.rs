@@ -107,7 +107,7 @@ impl Default for Metrics {
         );
         registry.register(
             "stasis_agent_checkpoints",
-            "Checkpoints by result (succeeded, failed, fenced, skipped).",
+            "Checkpoints by result (succeeded, failed, fenced, skipped; final_skipped: a final checkpoint that could not finish before its deadline).",
             m.checkpoints.clone(),
         );
         registry.register(

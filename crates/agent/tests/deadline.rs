@@ -7,6 +7,8 @@
 //!   restores; the pod gets a Warning Event with that text; `stasis_agent_checkpoints_total
 //!   {result="final_skipped"}` counts it; the freeze histogram is unchanged and the counter
 //!   keeps counting;
+//! - the same request while a heartbeat is in progress waits for it, lets it publish, and is
+//!   then skipped, naming it;
 //! - the same request with 30 s left is taken and published.
 //!
 //! The one stand-in: the pod's recorded cost is the 2 GiB pod's (noted with
@@ -177,6 +179,38 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
     let state = String::from_utf8_lossy(&state.stdout);
     assert!(state.contains("\"status\": \"running\""), "{state}");
 
+    // A heartbeat in progress when the stop comes: waited for (never cancelled), published,
+    // and then the final checkpoint is skipped, naming that heartbeat.
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let in_progress = {
+        let (exec, busy, job) = (exec.clone(), agent.busy.clone(), job.clone());
+        std::thread::spawn(move || {
+            let _g = busy.try_take(uid).expect("the pod is free");
+            started_tx.send(()).unwrap();
+            exec.checkpoint(&job, &|| Verdict::NoRecord)
+        })
+    };
+    started_rx.recv().unwrap();
+    let (answer, took) = final_checkpoint(&agent, 6_300);
+    let second = in_progress
+        .join()
+        .unwrap()
+        .expect("the heartbeat in progress");
+    eprintln!(
+        "6 s left, heartbeat in progress: {answer:?} in {} ms",
+        took.as_millis()
+    );
+    let ResponseBody::Skipped { reason } = answer else {
+        panic!("with a heartbeat in progress and 6 s left: {answer:?}");
+    };
+    assert!(reason.contains(&second.reference), "{reason}");
+    assert_eq!(metric(&agent, SKIPPED), 2.0);
+    assert_eq!(
+        metric(&agent, FREEZES),
+        2.0,
+        "only the heartbeats froze the pod"
+    );
+
     // 30 s left: the ≈ 11 s checkpoint fits; taken and published.
     let (answer, took) = final_checkpoint(&agent, 30_000);
     eprintln!("30 s left: {answer:?} in {} ms", took.as_millis());
@@ -184,7 +218,7 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
         panic!("a final checkpoint of ≈ 11 s with 30 s left was not taken: {answer:?}");
     };
     assert_ne!(checkpoint_ref, heartbeat.reference);
-    assert_eq!(metric(&agent, FREEZES), 2.0);
-    assert_eq!(metric(&agent, SKIPPED), 1.0);
-    assert_eq!(cluster.skipped.lock().unwrap().len(), 1);
+    assert_eq!(metric(&agent, FREEZES), 3.0);
+    assert_eq!(metric(&agent, SKIPPED), 2.0);
+    assert_eq!(cluster.skipped.lock().unwrap().len(), 2);
 }

@@ -8,16 +8,18 @@ use std::time::{Duration, Instant};
 
 use stasis_core::deadline::{self, Final, Latest};
 use stasis_core::interval::{Measured, COST_SAMPLES};
+use stasis_core::time::parse_rfc3339_nanos;
+use stasis_core::{CheckpointRef, Selector};
 
-use super::Executor;
+use super::{now_ms, Executor};
 
 /// One pod's recent checkpoints.
 #[derive(Debug, Default)]
 pub(super) struct PodHistory {
     /// Newest last, at most [`COST_SAMPLES`].
     measured: VecDeque<Measured>,
-    /// The newest published checkpoint and when it published.
-    published: Option<(String, Instant)>,
+    /// The newest published checkpoint and when it was taken (Unix ms).
+    published: Option<(String, u64)>,
     updated: Option<Instant>,
 }
 
@@ -58,7 +60,7 @@ impl Executor {
         self.note_measured(pod_uid, m);
         if !pod_uid.is_empty() {
             self.with_history(pod_uid, |h| {
-                h.published = Some((reference.to_owned(), Instant::now()))
+                h.published = Some((reference.to_owned(), taken_ms(reference)))
             });
         }
     }
@@ -74,13 +76,25 @@ impl Executor {
         let latest = match h.and_then(|h| h.published.as_ref()) {
             _ if in_progress => Latest::InProgress,
             None => Latest::None,
-            Some((reference, at)) => Latest::Published {
+            Some((reference, taken)) => Latest::Published {
                 reference: reference.clone(),
-                age: at.elapsed(),
+                age: Duration::from_millis(now_ms().saturating_sub(*taken)),
             },
         };
         deadline::final_checkpoint(left, &measured, &latest)
     }
+}
+
+/// When a checkpoint was taken, from its id (its capture's instant: what the replacement's
+/// state is as of); now when the reference has none.
+fn taken_ms(reference: &str) -> u64 {
+    let id = match reference.parse::<CheckpointRef>().map(|r| r.selector) {
+        Ok(Selector::Id(id)) => id,
+        _ => return now_ms(),
+    };
+    parse_rfc3339_nanos(&id.created_rfc3339())
+        .and_then(|n| u64::try_from(n / 1_000_000).ok())
+        .unwrap_or_else(now_ms)
 }
 
 pub(super) type Histories = std::sync::Mutex<HashMap<String, PodHistory>>;
@@ -122,5 +136,13 @@ mod tests {
             exec.note_measured("u1", m(200, 300));
         }
         assert_eq!(exec.final_decision("u1", six, false), Final::Take);
+    }
+
+    #[test]
+    fn a_checkpoint_is_as_old_as_its_id() {
+        let id = stasis_core::CheckpointId::from_parts(1_700_000_000_123, 7);
+        assert_eq!(taken_ms(&format!("ns_pod_a.l/{id}")), 1_700_000_000_123);
+        let t = now_ms();
+        assert!(taken_ms("not a reference") >= t);
     }
 }

@@ -231,6 +231,12 @@ impl Cluster for KubeCluster {
         });
     }
 
+    fn final_skipped(&self, pod: &PodInfo, message: &str) {
+        let skipped = names::event::CHECKPOINT_SKIPPED;
+        self.rt
+            .block_on(self.emit(&pod.key, skipped, message, true));
+    }
+
     fn report(&self, req: &ReportRequest) {
         let key = match self.pod_by_uid(&req.pod.pod_uid) {
             Some(p) => self.info(&p).key,
