@@ -88,13 +88,19 @@ fn metric(agent: &Agent, series: &str) -> f64 {
 const FREEZES: &str = "stasis_agent_phase_seconds_count{phase=\"freeze\"}";
 const SKIPPED: &str = "stasis_agent_checkpoints_total{result=\"final_skipped\"}";
 
-fn final_checkpoint(agent: &Agent, deadline_ms: u64) -> (ResponseBody, Duration) {
+/// `answer_when_captured`: as the wrapper asks (the answer comes at the capture, or at the
+/// skip when there is none).
+fn final_checkpoint(
+    agent: &Agent,
+    deadline_ms: u64,
+    answer_when_captured: bool,
+) -> (ResponseBody, Duration) {
     let t = Instant::now();
     let answer = agent.final_checkpoint(&FinalCheckpointRequest {
         container_id: "d1".into(),
         pod: PodRef::default(),
         deadline_ms,
-        answer_when_captured: false,
+        answer_when_captured,
     });
     (answer, t.elapsed())
 }
@@ -158,7 +164,7 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
 
     // 6 s left (the wrapper's 6.3 s less the agent's 300 ms margin): skipped at once.
     let before = last_count(&lines).unwrap();
-    let (answer, took) = final_checkpoint(&agent, 6_300);
+    let (answer, took) = final_checkpoint(&agent, 6_300, true);
     eprintln!("6 s left: {answer:?} in {} ms", took.as_millis());
     let ResponseBody::Skipped { reason } = answer else {
         panic!("a final checkpoint of ≈ 11 s with 6 s left was not skipped: {answer:?}");
@@ -191,7 +197,7 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
         })
     };
     started_rx.recv().unwrap();
-    let (answer, took) = final_checkpoint(&agent, 6_300);
+    let (answer, took) = final_checkpoint(&agent, 6_300, true);
     let second = in_progress
         .join()
         .unwrap()
@@ -212,7 +218,7 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
     );
 
     // 30 s left: the ≈ 11 s checkpoint fits; taken and published.
-    let (answer, took) = final_checkpoint(&agent, 30_000);
+    let (answer, took) = final_checkpoint(&agent, 30_000, false);
     eprintln!("30 s left: {answer:?} in {} ms", took.as_millis());
     let ResponseBody::Done { checkpoint_ref, .. } = answer else {
         panic!("a final checkpoint of ≈ 11 s with 30 s left was not taken: {answer:?}");
