@@ -46,6 +46,10 @@ pub const DECISION_REASON: &str = "stasis.dev/decision-reason";
 pub const DECISION_REPORTED: &str = "stasis.dev/decision-reported";
 /// Pod annotation: the checkpoint (`<lineage>/<id>`) a restoring pod resumes from.
 pub const RESTORE_FROM: &str = "stasis.dev/restore-from";
+/// Pod annotation set by the webhook: the `PodRestore` (its name) made by hand for this pod before
+/// it existed, which the pod waits for. Only a pod that carries it is prepared for a `PodRestore`
+/// without a target UID, so a pod created by someone who may not restore never receives one.
+pub const RESTORE_REQUEST: &str = "stasis.dev/restore-request";
 /// Label on `PodCheckpoint`s: the `CheckpointPolicy` that asked for them (retention counts
 /// only the ones the controller created).
 pub const POLICY: &str = "stasis.dev/policy";
@@ -220,6 +224,7 @@ mod tests {
             DECISION_REASON,
             DECISION_REPORTED,
             RESTORE_FROM,
+            RESTORE_REQUEST,
             POLICY,
             ACCOUNTED,
             POD_UID,

@@ -139,15 +139,15 @@ impl KubeCluster {
         let Some(pod) = self.pod_by_name(&ns, &r.spec.target_pod_name) else {
             return;
         };
-        let info = self.info(&pod);
-        let prev = r.status.clone().unwrap_or_default();
-        if r.spec
-            .target_pod_uid
-            .as_deref()
-            .is_some_and(|u| u != info.key.uid)
-        {
+        if !super::pod_facts::restore_is_for(r, &pod) {
+            if r.spec.target_pod_uid.is_none() {
+                warn!(namespace = %ns, restore = %name, pod = %r.spec.target_pod_name,
+                    "PodRestore not prepared: the pod of that name was not admitted for it (its creator may not restore, or it was created without stasis's webhook)");
+            }
             return;
         }
+        let info = self.info(&pod);
+        let prev = r.status.clone().unwrap_or_default();
         let fetching = status::restore(
             &prev,
             RestorePhase::Fetching,

@@ -150,6 +150,26 @@ pub(crate) fn restore_to_prepare(r: &PodRestore) -> bool {
             .is_none_or(|l| !l.contains_key(stasis_api::names::CREATED_BY))
 }
 
+/// Whether the PodRestore `r` is for `pod`. One that names a target UID is for that pod only. One
+/// without (a restore a user made with `kubectl stasis restore POD --from ...` before the pod
+/// existed) is for a pod of that name only if the webhook marked it as waiting for exactly this
+/// PodRestore (`stasis.dev/restore-request`), which it does only when the pod's creator may
+/// restore: a pod created under that name by someone who may only create pods never receives
+/// the checkpoint.
+pub(crate) fn restore_is_for(r: &PodRestore, pod: &Pod) -> bool {
+    match r.spec.target_pod_uid.as_deref() {
+        Some(uid) => pod.metadata.uid.as_deref() == Some(uid),
+        None => {
+            let asked = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(stasis_api::names::RESTORE_REQUEST));
+            asked.is_some() && asked == r.metadata.name.as_ref()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,5 +366,37 @@ mod tests {
         )]));
         // Created, its status not yet Ready: still the restart's own.
         assert!(!restore_to_prepare(&r));
+    }
+
+    #[test]
+    fn a_restore_without_a_target_uid_goes_only_to_a_pod_the_webhook_marked_for_it() {
+        let r = |uid: Option<&str>| {
+            PodRestore::new(
+                "p",
+                stasis_api::PodRestoreSpec {
+                    checkpoint_ref: "l/x".into(),
+                    target_pod_name: "p".into(),
+                    target_pod_uid: uid.map(Into::into),
+                    source_pod_name: None,
+                    lineage: None,
+                    generation: None,
+                },
+            )
+        };
+        let marked = |v: Option<&str>| {
+            let mut m = json!({"metadata": {"name": "p", "namespace": "n", "uid": "u1"}});
+            if let Some(v) = v {
+                m["metadata"]["annotations"] = json!({ stasis_api::names::RESTORE_REQUEST: v });
+            }
+            pod(m)
+        };
+        // A pod created by someone who may only create pods carries no mark (the webhook and
+        // the admission policies see to that): it never receives the checkpoint.
+        assert!(!restore_is_for(&r(None), &marked(None)));
+        assert!(!restore_is_for(&r(None), &marked(Some("other"))));
+        assert!(restore_is_for(&r(None), &marked(Some("p"))));
+        // With a target UID, the UID decides.
+        assert!(restore_is_for(&r(Some("u1")), &marked(None)));
+        assert!(!restore_is_for(&r(Some("u2")), &marked(Some("p"))));
     }
 }

@@ -163,6 +163,11 @@ async fn restore_asked(hook: &Webhook, ns: &str, pod: &Pod, m: &mut Mutation) {
             pr.spec.checkpoint_ref
         ),
     );
+    // The agent prepares a PodRestore without a target UID only for a pod marked so: what a
+    // user who may not restore creates under that name never gets the checkpoint (the webhook
+    // strips user-supplied stasis.dev/ keys, the admission policies refuse them).
+    m.annotations
+        .insert(names::RESTORE_REQUEST.into(), name.to_string());
     m.restore = Some(RestoreMutation {
         node_requirements: node_requirements(&hook.client, None).await,
         wait: hook.cfg.wait.clone(),
