@@ -16,6 +16,8 @@
 #   H3  a bare pod with the victim's lineage/generation annotations and a PodCheckpoint of it
 #       (a. same namespace: the victim's replacement does not restore it; b. another namespace:
 #       the victim's lineage and checkpoints are not deleted)
+#   H4  an admin's PodRestore made for a pod not created yet (no target UID); dev, who may create
+#       pods but not PodRestores, creates a pod of that name: it is not marked, not prepared
 #   M2  a restore target that differs by an exec probe starts cold, with the reason
 #   and last: the legitimate workload still resumes from its checkpoint (a Restored Event).
 #
@@ -236,6 +238,28 @@ no_restore_for H1c "$NS" "$H1C"
 untouched H1c "$V" "$L"
 visible H1c "$NS" "$H1C" "$out"
 kubectl -n "$NS" delete pod h1-system h1-token h1-annotate --grace-period=1 --wait=false >/dev/null 2>&1
+
+# ------------------------------------------------------------------ H4
+echo "# --- H4: an admin's PodRestore for a pod not created yet (kubectl stasis restore POD --from ...); dev creates a pod of that name"
+kubectl -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: stasis.dev/v1alpha1
+kind: PodRestore
+metadata: {name: h4-target}
+spec: {checkpointRef: "$REF", targetPodName: h4-target}
+EOF
+out=$(attacker_pod h4-target "$(with_decl '{}')" '{}' "$SPEC" | dev -n "$NS" create -f - 2>&1) && out=""
+echo "# dev creates pod h4-target: ${out:-created}"
+check "H4: dev may create the pod (pods are dev's to create)" test -z "$out"
+settle "$NS" h4-target 15
+# the agent's PodRestore controller has seen both the PodRestore and the pod by now
+check "H4: dev's pod runs" retry 30 bash -c "[ \"\$(kubectl -n $NS get pod h4-target -o jsonpath='{.status.phase}')\" = Running ]"
+check "H4: the webhook did not mark dev's pod as waiting for the PodRestore" bash -c \
+  "[ -z \"\$(kubectl -n $NS get pod h4-target -o jsonpath='{.metadata.annotations.stasis\\.dev/restore-request}')\" ]"
+check "H4: the PodRestore was not prepared for dev's pod (still Pending)" bash -c \
+  "case \"\$(kubectl -n $NS get prestore h4-target -o jsonpath='{.status.phase}')\" in ''|Pending) true;; *) false;; esac"
+echo "#   PodRestore h4-target: $(kubectl -n "$NS" get prestore h4-target -o jsonpath='{.status.phase} {.status.message}' 2>&1)"
+kubectl -n "$NS" delete pod h4-target --grace-period=1 --wait=false >/dev/null 2>&1
+kubectl -n "$NS" delete prestore h4-target --wait=false >/dev/null 2>&1
 
 # ------------------------------------------------------------------ M1 and H2, while web's lineage is orphaned
 echo "# --- M1 and H2: web scaled to 0 by dev (its lineage orphaned after a final checkpoint)"
