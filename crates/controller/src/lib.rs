@@ -7,7 +7,7 @@
 //! - [`webhook`]: the mutating admission webhook that makes the restore decision
 //!   (`stasis_core::decision::decide`) for a new `runtimeClassName: stasis` pod;
 //! - [`record`]: where lineage records live (one ConfigMap per lineage in stasis's namespace);
-//! - [`schedule`], [`admission`]: the pure parts (when a heartbeat is due, the JSONPatch);
+//! - [`schedule`], [`webhook::patch`]: the pure parts (when a heartbeat is due, the JSONPatch);
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease so one replica reconciles;
 //! - [`server`], [`metrics`]: `/metrics`, `/healthz`, the webhook's HTTPS listener;
 //! - [`wait`]: the injected init container's wait for the node agent.
