@@ -218,17 +218,20 @@ else
     fail "opt-in: $(kubectl get podcheckpoint plain -o json | jq -c .status)"
 fi
 
-podrestore() { # podrestore <pod> <checkpoint ref>: a PodRestore of that name into that pod
+# podrestore <pod> <checkpoint ref> [<pod UID>]: a PodRestore of that name into that pod, for that
+# UID as the webhook writes it when the pod exists; without one, the agent prepares it only for
+# a pod the webhook marked stasis.dev/restore-request=<name> (a creator who may restore)
+podrestore() {
     kubectl apply -f - >/dev/null <<EOF
 apiVersion: stasis.dev/v1alpha1
 kind: PodRestore
 metadata: {name: $1, namespace: default}
-spec: {checkpointRef: "$2", targetPodName: $1, sourcePodName: counter-a}
+spec: {checkpointRef: "$2", targetPodName: $1, sourcePodName: counter-a${3:+, targetPodUID: "$3"}}
 EOF
 }
 # A replacement pod and its PodRestore: prepared to Ready, with the per-pod plan file.
 uid_b=$(pod counter-b)
-podrestore counter-b "$ref"
+podrestore counter-b "$ref" "$uid_b"
 if wait_for 60 phase_is podrestore counter-b Ready &&
     [[ -f $work/run/plans/pod_${uid_b}_counter.json && -f $work/images/$uid_b/counter/criu/inventory.img ]]; then
     pass "PodRestore Ready ($(jp podrestore counter-b default '{.status.message}')); plan file and images on the node"
@@ -241,7 +244,7 @@ fi
 podrestore counter-g "$ref"
 sleep 2
 early=$(jp podrestore counter-g default '{.status.phase}')
-uid_g=$(pod counter-g)
+uid_g=$(pod counter-g '{"stasis.dev/restore-request": "counter-g"}')
 if [[ -z $early ]] && wait_for 60 phase_is podrestore counter-g Ready &&
     [[ -f $work/run/plans/pod_${uid_g}_counter.json ]]; then
     pass "a PodRestore created before its pod: untouched until the pod is bound here, then Ready"
@@ -254,7 +257,7 @@ fi
 # damage in the store, before anything is fetched; then a checkpoint the record does not list.
 uid_d=$(pod counter-d)
 record 1 "$uid_a" "[$(entry "$ref" "sha256:$(printf '%064d' 1)")]"
-podrestore counter-d "$ref"
+podrestore counter-d "$ref" "$uid_d"
 if wait_for 60 phase_is podrestore counter-d Failed &&
     [ "$(jp podrestore counter-d default '{.status.conditions[?(@.type=="Ready")].reason}')" = CheckpointDamaged ] &&
     jp podrestore counter-d default '{.status.message}' | grep -q 'is not the one published' &&
@@ -265,7 +268,7 @@ else
 fi
 uid_f=$(pod counter-f)
 record 1 "$uid_a" '[]'
-podrestore counter-f "$ref"
+podrestore counter-f "$ref" "$uid_f"
 if wait_for 60 phase_is podrestore counter-f Failed &&
     jp podrestore counter-f default '{.status.message}' | grep -q 'not a published checkpoint' &&
     [[ ! -e $work/run/plans/pod_${uid_f}_counter.json ]]; then
@@ -326,8 +329,8 @@ else
 fi
 
 # A restore of a checkpoint that does not exist: Failed, and a ColdStart Event on the pod.
-pod counter-c >/dev/null
-podrestore counter-c "$gone"
+uid_c=$(pod counter-c)
+podrestore counter-c "$gone" "$uid_c"
 # A checkpoint whose manifest is gone is damage in the store, an alarm (the typed reason
 # CheckpointDamaged, on the PodRestore's Ready condition and the Event), never a plain failure the
 # controller would answer by restoring older memory.
@@ -363,7 +366,7 @@ ckpt interrupted
 kubectl patch podcheckpoint interrupted --subresource=status --type=merge \
     -p '{"status":{"phase":"Running","node":"test-node"}}' >/dev/null
 uid_h=$(pod counter-h)
-podrestore counter-h "$ref"
+podrestore counter-h "$ref" "$uid_h"
 kubectl patch podrestore counter-h --subresource=status --type=merge \
     -p '{"status":{"phase":"Fetching","node":"test-node"}}' >/dev/null
 NODE_NAME=test-node "$stasisd" --store "file://$work/store" --cluster-key "$work/cluster-key" \
