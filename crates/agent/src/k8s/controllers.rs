@@ -127,6 +127,10 @@ impl Reconcilers {
     }
 }
 
+/// How often a `PodRestore` that waits for a pod not on this node is looked at again (besides the
+/// pod's own events, which trigger it at once).
+const WAITING_RESTORE_RECHECK: Duration = Duration::from_secs(5);
+
 /// The delay before retrying an object whose reconcile failed `failures` times in a row.
 pub fn retry_delay(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
@@ -209,7 +213,17 @@ async fn reconcile_restore(
         .pod_by_name(&ns, &r.spec.target_pod_name)
         .is_none()
     {
-        return Ok(ctx.done(&*r));
+        // Its pod is not (yet) on this node: the pod's event triggers it. A restore that still
+        // waits is also looked at again now and then, so that a trigger lost between the two
+        // watches cannot leave its pod waiting for a restore nobody prepares (seen once: a
+        // hand-made PodRestore's pod waited out its wait container's timeout). The look is a
+        // read of the node's pod store.
+        return Ok(if restore_to_prepare(&r) {
+            ctx.done(&*r);
+            Action::requeue(WAITING_RESTORE_RECHECK)
+        } else {
+            ctx.done(&*r)
+        });
     }
     let key = ObjectRef::from_obj(&*r);
     let resumed = ctx
