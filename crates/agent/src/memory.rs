@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
@@ -388,7 +388,7 @@ impl Watcher {
             stasis_api::names::NODE.to_owned(),
             self.ctx.node.clone(),
         )]));
-        match api.create(&PostParams::default(), &c).await {
+        match api.create(&crate::k8s::created_by_agent(), &c).await {
             Ok(_) => {
                 let why = cause.text(&self.ctx.node);
                 info!(pod = %pod.name, namespace = %pod.namespace, checkpoint = %name, "{why}: checkpoint started");
@@ -406,7 +406,7 @@ impl Watcher {
                 );
                 let events: Api<k8s_openapi::api::core::v1::Event> =
                     Api::namespaced(self.ctx.client.clone(), &pod.namespace);
-                if let Err(e) = events.create(&PostParams::default(), &ev).await {
+                if let Err(e) = events.create(&crate::k8s::created_by_agent(), &ev).await {
                     warn!(pod = %pod.name, error = %e, "cannot create an Event");
                 }
             }
