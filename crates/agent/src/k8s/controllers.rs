@@ -122,6 +122,13 @@ impl Reconcilers {
         Action::await_change()
     }
 
+    /// Like [`Self::done`], and `o` is looked at again after [`WAITING_RESTORE_RECHECK`] even
+    /// without a change.
+    fn recheck<K: Resource<DynamicType = ()>>(&self, o: &K) -> Action {
+        self.done(o);
+        Action::requeue(WAITING_RESTORE_RECHECK)
+    }
+
     fn client(&self) -> Client {
         self.cluster.client.clone()
     }
@@ -219,8 +226,7 @@ async fn reconcile_restore(
         // hand-made PodRestore's pod waited out its wait container's timeout). The look is a
         // read of the node's pod store.
         return Ok(if restore_to_prepare(&r) {
-            ctx.done(&*r);
-            Action::requeue(WAITING_RESTORE_RECHECK)
+            ctx.recheck(&*r)
         } else {
             ctx.done(&*r)
         });
