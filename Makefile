@@ -57,9 +57,9 @@ e2e: setup images ## end-to-end tests on the local Kubernetes cluster: the clust
 	for s in $(E2E_SCRIPTS); do tests/e2e/$$s.sh || rc=1; done; \
 	echo "# e2e tier: $$(( $$(date +%s) - t0 )) s"; \
 	exit $$rc
-E2E_SCRIPTS ?= cluster install restore security notice triggers evictions pods
+E2E_SCRIPTS ?= cluster install restore security notice triggers evictions pods soak
 
-e2e-evictions: setup images ## only the eviction paths and workload kinds on the local cluster (tests/e2e/evictions.sh; STASIS_E2E_ONLY="1 2 3 4 5 6")
+e2e-evictions: setup images ## only the eviction paths and workload kinds on the local cluster (tests/e2e/evictions.sh; STASIS_E2E_ONLY="1 2 3 4 5 6 7")
 	tests/e2e/evictions.sh
 
 e2e-pods: setup images ## only the pod with several containers, a native sidecar and an init container on the local cluster (tests/e2e/pods.sh)
@@ -102,6 +102,13 @@ test: setup lint images ## everything CI runs: lint, unit, integration (real CRI
 
 bench: setup build images ## benchmarks (see docs/benchmarks.md)
 	@tini -s -- bench/checkpoint.sh
+ITERATIONS ?= 200
+soak: setup images ## faults at random phases while a counter is checkpointed and drained back and forth (tests/e2e/soak.sh; ITERATIONS=200; `make test` runs 8)
+	@if [ ! -f target/images/stasis.oci.tar ] || [ -z "$${STASIS_INSTALL_NO_BUILD:-}" ]; then scripts/build-images >/dev/null || exit 1; fi; \
+	[ -x target/debug/kubectl-stasis ] || $(CARGO) build --locked -p stasis-kubectl; \
+	SOAK_ITERATIONS=$(ITERATIONS) SOAK_KNOWN_DEFECTS=strike STASIS_INSTALL_NO_BUILD=1 tests/e2e/soak.sh
+scale: ## the control plane at scale: kube-apiserver, kwok nodes, the controller (bench/scale.sh; NODES=100 PODS=1000)
+	bench/scale.sh
 
 clean:
 	$(CARGO) clean

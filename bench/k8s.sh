@@ -6,7 +6,10 @@
 #              the drain until the replacement is back at the count it had before the drain,
 #              with stasis (runtimeClassName: stasis, 10 s heartbeats, final checkpoint on the
 #              drain) vs without (plain runc: a cold start counts again from 1), as a ratio;
-#              for each STATE_MB in SIZES (BASELINE=0: without the cold-start runs)
+#              for each STATE_MB in SIZES (BASELINE=0: without the cold-start runs);
+#              CORDON_LEAD_S=<s>: the node is cordoned that long before the drain (what a node
+#              upgrade or an autoscaler does), so the other worker's agent pre-stages the pod's
+#              latest checkpoint (docs/design.md §12.10c); the time is still from the drain
 #   overhead   ticks per second while a 10 s CheckpointPolicy checkpoints it vs no policy (the
 #              baseline's replacement, counting up again)
 #   node costs stasis-runc create+delete vs runc create+delete of a container that does not
@@ -111,6 +114,11 @@ recover() { # MB MODE(stasis|cold) TARGET-COUNT(cold only)
     sleep "$PROGRESS_S"
   else
     sleep 10
+  fi
+  if [ "$mode" = stasis ] && [ "${CORDON_LEAD_S:-0}" -gt 0 ]; then
+    say "$ns: cordoning $node $CORDON_LEAD_S s before the drain (pre-staging)"
+    kubectl cordon "$node" >/dev/null
+    sleep "$CORDON_LEAD_S"
   fi
   t=$(now)
   kubectl drain "$node" --ignore-daemonsets --delete-emptydir-data --pod-selector app=app --timeout=300s >/dev/null 2>&1

@@ -23,43 +23,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STATE_MB=${STATE_MB:-2048}
-BENCH_DIR=${BENCH_DIR:-/var/tmp/stasis-large}
-SHM_DIR=${SHM_DIR:-/dev/shm/stasis-large}
-STASIS=${STASIS:-$PWD/target/release/stasis}
-PROFILE=${PROFILE:-$PWD/target/release/examples/large_profile}
-S3S_FS=${STASIS_S3S_FS:-$(ls -d "$HOME"/.cache/stasis/platform/s3s-fs-*/bin/s3s-fs 2>/dev/null | head -1)}
-R=$BENCH_DIR/runc
-export STASIS_RUNC_ROOT=$R
-
-[[ -x $STASIS && -x $PROFILE ]] || { echo "large: build $STASIS and $PROFILE first (see the header)" >&2; exit 1; }
-[[ -x $S3S_FS ]] || { echo "large: no s3s-fs (scripts/build-platform s3s-fs)" >&2; exit 1; }
-
-now() { date +%s%N; }
-ms_since() { echo $(( ($(now) - $1) / 1000000 )); }
-s3_pid=
-cleanup() {
-  for id in $(runc --root "$R" list -q 2>/dev/null); do runc --root "$R" delete -f "$id" >/dev/null 2>&1 || true; done
-  if [[ -n $s3_pid ]]; then kill "$s3_pid" 2>/dev/null; wait "$s3_pid" 2>/dev/null || true; fi
-  rm -rf "$SHM_DIR"
-}
-trap 'cleanup; [[ ${KEEP_BENCH:-0} == 1 ]] || rm -rf "$BENCH_DIR"' EXIT
-cleanup
-rm -rf "$BENCH_DIR"; mkdir -p "$BENCH_DIR" "$SHM_DIR"
-load() { cut -d' ' -f1-3 /proc/loadavg; }
-echo "large: counter with $STATE_MB MiB of incompressible state; load $(load)" >&2
+BENCH_NAME=large
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 # --- memory limits
 cc -O2 -o "$BENCH_DIR/membw" bench/membw.c
 mem=$("$BENCH_DIR/membw" "$STATE_MB")
 
 # --- the S3 server
-mkdir -p "$BENCH_DIR/s3/bench"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$S3S_FS" --host 127.0.0.1 --port "$port" --access-key stasis --secret-key stasis-secret "$BENCH_DIR/s3" >/dev/null 2>&1 &
-s3_pid=$!
-export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=stasis AWS_SECRET_ACCESS_KEY=stasis-secret AWS_REGION=us-east-1
-until (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; do sleep 0.1; done
+s3_start
 
 start() { # id bundle
   scripts/make-bundle --force "$2" STATE_MB="$STATE_MB" >/dev/null
@@ -68,8 +41,6 @@ start() { # id bundle
   until grep -q 'count=1 ' "$BENCH_DIR/$1.log" 2>/dev/null; do sleep 0.2; done
   sleep 1
 }
-fresh() { scripts/make-bundle --force "$1" STATE_MB="$STATE_MB" >/dev/null; }
-running() { [[ $(runc --root "$R" state "$1" | jq -r .status) == running ]]; }
 bare_dump() { # image-dir → ms of runc checkpoint; CRIU's split in <image-dir>.stats
   mkdir -p "$1"; sync
   local t; t=$(now)

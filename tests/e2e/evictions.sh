@@ -18,8 +18,16 @@
 #   5. node-pressure eviction by the kubelet (hard threshold, no grace, no disruption budget):
 #      the node's evictionHard memory.available raised above what the kubelet sees available
 #      (its kubelet restarted with that); stasis's own pods on the node survive it
-#   -  graceful node shutdown and the EvictionRequest API: probed and skipped with the reason
-#      (no systemd-logind on these nodes; no evictionrequest controller in Kubernetes 1.37)
+#   6. the EvictionRequest API (KEP-4563, alpha; scripts/cluster turns its gate on): an
+#      EvictionRequest for the counter; stasis's agent answers as the pod's eviction responder
+#      (heartbeats, then completion naming the published final checkpoint); then the imperative
+#      evictor evicts the pod through the Eviction API. Kubernetes 1.37 ships no controller that
+#      drives the API: tests/lib/evictor.sh stands in for it (and says so in the output)
+#   7. graceful node shutdown: the kubelet's shutdown manager ends the node's pods itself (no API
+#      eviction; the pod objects stay, terminal). The old pod's node gets a system bus and elogind
+#      for its kubelet only (scripts/cluster logind-up); logind's PrepareForShutdown(true) is sent
+#      on that bus by hand in place of a poweroff, which never runs here; then the shutdown is
+#      cancelled and the kubelet restarted without them (the DaemonSet's agent comes back)
 #
 # Each path checks: the replacement is restored (PodRestore phase Restored, a Restored Event),
 # its first count > the count at the checkpoint it came from (and not a cold start's 1) and <= the
@@ -48,6 +56,8 @@ KS=${KUBECTL_STASIS:-$REPO/target/debug/kubectl-stasis}
 
 # shellcheck source=tests/e2e/lib.sh
 . "$REPO/tests/e2e/lib.sh"
+# shellcheck source=tests/lib/evictor.sh
+. "$REPO/tests/lib/evictor.sh"
 e2e_begin evictions
 
 # ------------------------------------------------------------------ cleanup (run by finish)
@@ -63,12 +73,32 @@ unpressure() {
     echo "# warning: $n still reports MemoryPressure"
 }
 untaint() { local n; for n in worker-1 worker-2; do kubectl taint node "$n" "$TAINT-" karpenter.sh/disrupted- 2>/dev/null; done; true; }
+# Path 7: the node given a system bus, elogind and a shutdown grace (undone by cleanup): the
+# shutdown cancelled, its kubelet back to its own config
+SHUTDOWN_NODE=""
+unshutdown() {
+  [ -n "$SHUTDOWN_NODE" ] || return 0
+  local n=$SHUTDOWN_NODE; SHUTDOWN_NODE=""
+  "$CLUSTER" prepare-for-shutdown "$n" false >/dev/null 2>&1
+  "$CLUSTER" logind-down "$n" 2>&1 | sed 's/^/# /'
+  # the pods the kubelet ended or rejected while the node shut down (the agent's DaemonSet
+  # recreates its pod at once, and each is rejected until the shutdown is cancelled)
+  kubectl -n stasis-system delete pods --field-selector "spec.nodeName=$n,status.phase=Failed" --wait=false >/dev/null 2>&1
+  kubectl -n stasis-system delete pods --field-selector "spec.nodeName=$n,status.phase=Succeeded" --wait=false >/dev/null 2>&1
+}
+# every node Ready, every agent of the DaemonSet ready
+agents_ready() {
+  [ "$(kubectl get nodes -o json | jq '[.items[] | select(any(.status.conditions[]; .type == "Ready" and .status == "True"))] | length')" = 2 ] &&
+    kubectl -n stasis-system get ds -l app.kubernetes.io/component=agent -o json |
+      jq -e '.items | length == 1 and (.[0].status | .numberReady == .desiredNumberScheduled and .updatedNumberScheduled == .desiredNumberScheduled)' >/dev/null
+}
 # Host memory held during scenario 5 when the host's working set is small (see there).
 BALLAST=/dev/shm/stasis-e2e-evictions-ballast
 unballast() { rm -f "$BALLAST"; }
 on_exit unpressure
 on_exit unballast
 on_exit untaint
+on_exit unshutdown
 on_exit "kubectl delete priorityclass e2e-evict-low e2e-evict-high --ignore-not-found"
 figures() {
   [ -s "$FIGURES" ] || return 0
@@ -149,7 +179,8 @@ arm() {
   OLD=$2 OLD_UID=$(uid_of "$2")
   OLD_KEY=$OLD.$OLD_UID OLD_NODE=$(node_of "$NS" "$OLD")
   follow_as "$OLD" "$OLD_KEY"
-  if ! check "$1: a heartbeat of $OLD (on $OLD_NODE) Succeeded" retry 60 has_ckpt "$OLD_UID"; then
+  # (a pod's first heartbeat uploads its whole state: 60 s, and 1 s more per 20 MiB of it)
+  if ! check "$1: a heartbeat of $OLD (on $OLD_NODE) Succeeded" retry $((60 + STATE_MB / 20)) has_ckpt "$OLD_UID"; then
     diagnose "$NS"; return 1
   fi
   # (the followed log must have reached the heartbeat's start, or its count before it reads 0:
@@ -493,24 +524,109 @@ if P=$(current) && arm 5 "$P"; then
   fi
   kubectl -n "$NS" delete pod "$OLD" --wait=false >/dev/null 2>&1
 fi
-
-echo "# --- graceful node shutdown (kubelet shutdownGracePeriod)"
-if [ -S /run/dbus/system_bus_socket ] && busctl status org.freedesktop.login1 >/dev/null 2>&1; then
-  skip "graceful node shutdown" "systemd-logind answers on this machine's system bus, but the nodes' kubelets share it with the host: a shutdown would be the machine's"
-else
-  skip "graceful node shutdown" "the kubelet's shutdown manager connects to the system D-Bus, takes a delay inhibitor lock from systemd-logind (org.freedesktop.login1) and waits for its PrepareForShutdown signal; this machine has no system bus (/run/dbus/system_bus_socket) and no logind, so with shutdownGracePeriod set the kubelet logs 'Failed to start node shutdown manager' and never ends a pod"
-fi
 fi
 
 # ------------------------------------------------------------------ 6. EvictionRequest API
+# pckpt_of REF: "<reason> <phase> <totalMillis>" of the PodCheckpoint that published REF
+pckpt_of() {
+  kubectl -n "$NS" get pckpt -o json | jq -r --arg r "$1" \
+    '[.items[] | select(.status.checkpointRef == $r)] | first // {} | "\(.spec.reason // "-") \(.status.phase // "-") \(.status.totalMillis // "-")"'
+}
 if want 6; then
-echo "# --- 6. the EvictionRequest API (KEP-4563)"
-K8S=$(kubectl version -o json | jq -r .serverVersion.gitVersion)
-if kubectl api-resources --api-group=lifecycle.k8s.io -o name 2>/dev/null | grep -q '^evictionrequests'; then
-  skip "EvictionRequest" "lifecycle.k8s.io/v1alpha1 is served, but Kubernetes $K8S has no evictionrequest controller: no Eviction is made from an EvictionRequest, no responder is made Active, and stasis has no responder"
-else
-  skip "EvictionRequest" "lifecycle.k8s.io/v1alpha1 is not served here (feature gate EvictionRequestAPI and --runtime-config lifecycle.k8s.io/v1alpha1=true are off); with both, Kubernetes $K8S serves EvictionRequest and Eviction but has no evictionrequest controller to turn one into the other and make a responder Active, and stasis has no responder"
+echo "# --- 6. the EvictionRequest API (KEP-4563): stasis answers as the pod's eviction responder"
+if ! kubectl api-resources --api-group=lifecycle.k8s.io -o name 2>/dev/null | grep -q '^evictions'; then
+  skip "EvictionRequest" "lifecycle.k8s.io/v1alpha1 is not served: this cluster was started without feature gate EvictionRequestAPI and --runtime-config lifecycle.k8s.io/v1alpha1=true (scripts/cluster's defaults, unless STASIS_CLUSTER_FEATURE_GATES / STASIS_CLUSTER_RUNTIME_CONFIG said otherwise); restart it with scripts/cluster down && scripts/cluster up"
+elif P=$(current) && arm 6 "$P"; then
+  check "6: the webhook named stasis.dev/checkpoint (priority 1000) among $OLD's eviction responders" \
+    jq -e '.spec.evictionResponders // [] | any(.name == "stasis.dev/checkpoint" and .priority == 1000)' <<<"$(kubectl -n "$NS" get pod "$OLD" -o json)"
+  t=$(date +%s.%N)
+  evictor_run "$NS" "$OLD" 180; rc=$?
+  check "6: the EvictionRequest ended in the eviction of $OLD" test $rc -eq 0
+  check "6: stasis reported a heartbeat while its final checkpoint ran ($EVICTOR_HEARTBEATS seen)" test "$EVICTOR_HEARTBEATS" -ge 1
+  ref=$(grep -o 'final checkpoint [^ ]*:' <<<"$EVICTOR_RESPONDED" | cut -d' ' -f3 | tr -d :)
+  check "6: stasis completed, naming the published final checkpoint (after ${EVICTOR_RESPONDED_S:-?} s: $EVICTOR_RESPONDED)" test -n "$ref"
+  read -r reason phase total_ms <<<"$(pckpt_of "${ref:-none}")"
+  check "6: $ref is a Succeeded PodCheckpoint of $OLD, reason Termination ($reason $phase, ${total_ms} ms)" \
+    test "$reason $phase" = "Termination Succeeded"
+  settle 6 app=counter "$t"
+  if [ -n "$NEW" ]; then
+    check "6: $NEW restored the responder's checkpoint ($(newest_restore "$NEW"))" test "$(newest_restore "$NEW" | cut -d' ' -f2)" = "$ref"
+    # The pod counts on after the capture (10 counts a second) until the eviction stops it: during
+    # the checkpoint's upload, then along the eviction's own path (the evictor sees the completion,
+    # the imperative evictor asks, the kubelet stops the pod, whose final checkpoint request is
+    # answered at once with this one). The second part is measured: from stasis's completion, as
+    # the evictor saw it, to the old pod's last count; 1 s more for the report and the evictor's
+    # 0.5 s poll. An older checkpoint restored would lose more.
+    c_first=$(first_count "$NS" "$NEW"); c_stop=$(last_count "$OLD_KEY")
+    last_ts=$(awk '$2 ~ /^count=[0-9]+$/ { t = $1 } END { print t }' "$WORK/$OLD_KEY.log")
+    if [ -n "$c_first" ] && [ -n "$c_stop" ] && [ -n "$last_ts" ] && [[ $total_ms =~ ^[0-9]+$ ]]; then
+      lost=$((c_stop - c_first + 1))
+      path_ds=$(awk -v a="$t" -v r="${EVICTOR_RESPONDED_S:-0}" -v b="$(epoch "$last_ts")" 'BEGIN { d = (b - a - r) * 10; printf "%d", (d > 0 ? d : 0) + 0.5 }')
+      bound=$((total_ms / 100 + path_ds + 10))
+      echo "# 6: counts lost $lost: the checkpoint took $total_ms ms ($((total_ms / 100)) counts), the eviction's path after stasis's completion $path_ds counts"
+      check "6: counts lost ($lost) <= the checkpoint's own duration + the eviction's path after it, in counts, + 10 ($bound)" test "$lost" -le "$bound"
+    fi
+  fi
 fi
 fi
+# ------------------------------------------------------------------ 7. graceful node shutdown
+if want 7; then
+echo "# --- 7. graceful node shutdown: the kubelet's shutdown manager, on logind's PrepareForShutdown"
+echo "# 7: the old pod's node gets a system bus and elogind (scripts/cluster logind-up) for its kubelet only; PrepareForShutdown(true) is sent on that bus by hand, standing in for a poweroff's start: no poweroff runs, and that bus refuses every logind method but Inhibit and ListInhibitors"
+if P=$(current); then
+  n=$(node_of "$NS" "$P")
+  out=$("$CLUSTER" logind-up "$n" 2>&1); rc=$?
+  SHUTDOWN_NODE=$n
+  echo "$out" | sed 's/^/# /'
+  if check "7: scripts/cluster logind-up $n (its kubelet holds a delay inhibitor lock)" test $rc -eq 0 && arm 7 "$P"; then
+    agent=$(kubectl -n stasis-system get pods -l app.kubernetes.io/component=agent --field-selector "spec.nodeName=$n" -o jsonpath='{.items[*].metadata.name}')
+    # (its log, followed: the DaemonSet deletes the pod once the kubelet ended it)
+    kubectl -n stasis-system logs -f "$agent" -c agent >"$WORK/agent-$n.log" 2>&1 &
+    t=$(date +%s.%N)
+    check "7: PrepareForShutdown(true) on $n's bus" "$CLUSTER" prepare-for-shutdown "$n" true
+    # the kubelet ends the pod itself, without an API eviction: the pod object stays, terminal,
+    # with its DisruptionTarget condition (Failed, or Succeeded when the process exited 0 on the
+    # SIGTERM that followed its final checkpoint)
+    ended_by_shutdown() {
+      kubectl -n "$NS" get pod "$OLD" -o json | jq -e '(.status.phase == "Failed" or .status.phase == "Succeeded")
+        and any(.status.conditions[]?; .type == "DisruptionTarget" and .reason == "TerminationByKubelet" and (.message | test("node shutdown")))' >/dev/null
+    }
+    if check "7: the kubelet ended $OLD for the node's shutdown (DisruptionTarget TerminationByKubelet)" retry 60 ended_by_shutdown; then
+      echo "# 7: $OLD: $(kubectl -n "$NS" get pod "$OLD" -o json | jq -c '{phase: .status.phase, reason: .status.reason, message: .status.message, deleted: (.metadata.deletionTimestamp != null), exit: .status.containerStatuses[0].state.terminated.exitCode}')"
+    fi
+    check "7: $n reports the shutdown (Ready False: $(kubectl get node "$n" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}'))" \
+      test "$(kubectl get node "$n" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = False
+    # (ckpts_of lists the Succeeded ones; read now: the replacement's heartbeats soon push it out
+    # of the lineage's keepLast, and its record with it)
+    final_ref() { ckpts_of "$OLD_UID" | awk '$3 == "Termination" {print $2}' | tail -1; }
+    has_final() { [ -n "$(final_ref)" ]; }
+    check "7: the final checkpoint of $OLD (reason Termination) Succeeded" retry 30 has_final
+    ref=$(final_ref)
+    # then the critical pods: the agent (system-node-critical) ends after the workloads, once
+    # the final checkpoints' uploads are done (the DaemonSet then deletes its pod)
+    agent_ended() {
+      kubectl -n stasis-system get pod "$agent" -o json 2>/dev/null | jq -e '.status.phase == "Failed" or .status.phase == "Succeeded"' >/dev/null ||
+        ! kubectl -n stasis-system get pod "$agent" >/dev/null 2>&1
+    }
+    check "7: the kubelet ended the agent $agent after the workloads" retry 60 agent_ended
+    grep -E 'final checkpoint|checkpoints in progress|stopping' "$WORK/agent-$n.log" | cut -c1-300 | sed 's/^/# 7: agent: /'
+    # The shutdown is over for the node (a real one would power off now): cancel it at once.
+    # Meanwhile the DaemonSet controller recreates the agent's pod over and over, and the
+    # kubelet rejects each (NodeShutdown); unshutdown deletes them.
+    "$CLUSTER" prepare-for-shutdown "$n" false 2>&1 | sed 's/^/# /'
+    settle 7 app=counter "$t"
+    [ -z "$NEW" ] || check "7: $NEW restored the final checkpoint ($(newest_restore "$NEW"); final: ${ref:-none})" \
+      test "$(newest_restore "$NEW" | cut -d' ' -f2)" = "${ref:-none}"
+    # (where: the other node, or this one once the shutdown was cancelled, which a real node,
+    # powered off by then, is not)
+    [ -z "$NEW" ] || echo "# 7: $NEW runs on $(node_of "$NS" "$NEW")"
+    echo "# 7: pods of stasis-system the kubelet of $n rejected while it shut down: $(kubectl -n stasis-system get pods --field-selector "spec.nodeName=$n,status.phase=Failed" -o json | jq '[.items[] | select(.status.reason == "NodeShutdown")] | length')"
+  fi
+  unshutdown
+  check "7: $n Ready again, its agent ready (the DaemonSet's new pod)" retry 180 agents_ready
+  kubectl -n "$NS" delete pod "$OLD" --wait=false >/dev/null 2>&1
+fi
+fi
+
 figures
 finish

@@ -3,7 +3,8 @@
 # puts on the nodes and into the API, a pod of the stasis RuntimeClass, the RBAC roles, upgrades
 # and rollouts that must not disturb the nodes, an upgrade from the previous defaults (every node
 # holding the cluster key, agents writing any node's objects) to the key broker and the agent
-# policy that restores a checkpoint taken before it, and scripts/cluster uninstall-stasis leaving
+# policy that restores a checkpoint taken before it, the leading controller's chunk garbage
+# collection sweeping an orphan chunk from the cluster's S3, and scripts/cluster uninstall-stasis leaving
 # nothing behind. Needs root. Prints "N passed, M failed" (and skips with their reasons) and exits
 # non-zero when a check failed. STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up (and stasis
 # installed) at the end; STASIS_INSTALL_NO_BUILD=1 reuses target/images/stasis.oci.tar.
@@ -184,7 +185,8 @@ fi
 PIDS_BEFORE=$(for n in $NODES; do cat "$("$CLUSTER" node-root "$n")/run/containerd/containerd.pid"; done | tr '\n' ' ')
 CERT_BEFORE=$(kubectl -n "$SNS" get secret stasis-webhook-tls -o jsonpath='{.data.tls\.crt}' 2>/dev/null)
 KEY_BEFORE=$(kubectl -n "$SNS" get secret stasis-cluster-key -o jsonpath='{.data.cluster\.key}')
-out=$(STASIS_INSTALL_NO_BUILD=1 "$CLUSTER" install-stasis 2>&1); rc=$?
+# (the chunk garbage collection every 5 s instead of 6 h: its check below)
+out=$(STASIS_INSTALL_NO_BUILD=1 STASIS_HELM_ARGS="--set gc.intervalSeconds=5 ${STASIS_HELM_ARGS:-}" "$CLUSTER" install-stasis 2>&1); rc=$?
 check "install-stasis again (helm upgrade to the chart's defaults)" test $rc -eq 0 || echo "$out" | sed 's/^/# /'
 VALUES=$(helm get values stasis -n "$SNS" -a -o json)
 check "... which turn the key broker and the agent policy on" \
@@ -211,6 +213,28 @@ check "... and the old pods left the nodes installed (new owner in the manifest)
   done"
 check "... the handler is still registered" bash -c "for n in $NODES; do kubectl get node \$n -o jsonpath='{.status.runtimeHandlers[*].name}' | tr ' ' '\n' | grep -qx stasis || exit 1; done"
 check "... the opted-in pod still runs" kubectl -n "$NS" exec opted-in -- /testapp hostname
+# An agent pod deleted by hand is replaced at once: the old pod's uninstaller and the new pod's
+# installer run together, and take turns on the node (the node lock); whichever goes first, the
+# node ends installed and owned by the new pod.
+OLD_AGENT=$(kubectl -n "$SNS" get pods -l app.kubernetes.io/component=agent --field-selector spec.nodeName=worker-2 -o jsonpath='{.items[0].metadata.name}')
+kubectl -n "$SNS" delete pod "$OLD_AGENT" --wait=false >/dev/null
+check "an agent pod deleted by hand ($OLD_AGENT) is replaced, and its successor is ready" retry 120 bash -c "
+    p=\$(kubectl -n $SNS get pods -l app.kubernetes.io/component=agent --field-selector spec.nodeName=worker-2 -o jsonpath='{range .items[?(@.metadata.name!=\"$OLD_AGENT\")]}{.metadata.name}{\"\\n\"}{end}' | head -1)
+    [ -n \"\$p\" ] && kubectl -n $SNS wait --for=condition=Ready pod/\$p --timeout=2s >/dev/null 2>&1"
+check "... the old pod is gone" retry 120 bash -c "! kubectl -n $SNS get pod $OLD_AGENT >/dev/null 2>&1"
+check "... worker-2 stays installed, owned by the successor" retry 30 bash -c "
+    r=\$('$CLUSTER' node-root worker-2)
+    test -x \$r/opt/stasis/bin/stasis-runc && test -f \$r/etc/containerd/conf.d/90-stasis.toml || exit 1
+    owner=\$(awk '\$1 == \"owner\" {print \$2}' \$r/opt/stasis/.installed)
+    kubectl -n $SNS get pods -l app.kubernetes.io/component=agent --field-selector spec.nodeName=worker-2 -o jsonpath='{.items[*].metadata.uid}' | grep -qw \"\$owner\""
+check "... and no node lock is left behind" bash -c "! test -e \$('$CLUSTER' node-root worker-2)/opt/stasis/.lock"
+check "... the handler is registered on worker-2" retry 60 bash -c "kubectl get node worker-2 -o jsonpath='{.status.runtimeHandlers[*].name}' | tr ' ' '\\n' | grep -qx stasis"
+if [ $AGENT_REAL = 1 ]; then
+  # its node checks log each change; a stasis-runc removed under it leaves "not ready" last
+  check "... and its agent finds the node ready for restores" retry 90 bash -c "
+      p=\$(kubectl -n $SNS get pods -l app.kubernetes.io/component=agent --field-selector spec.nodeName=worker-2 -o jsonpath='{.items[0].metadata.name}')
+      kubectl -n $SNS logs \$p -c agent 2>/dev/null | grep -E '(node|not) ready for restores' | tail -1 | grep -q 'node ready for restores'"
+fi
 if [ -n "${U_REF:-}" ]; then
   t=$(date +%s.%N)
   kubectl -n "$UNS" scale deployment up --replicas=1 >/dev/null
@@ -230,6 +254,31 @@ if [ -n "${U2:-}" ]; then
     retry 60 bash -c "$(declare -f ckpts); ckpts $UNS $U2 | grep -q ' Heartbeat\$'"
   echo "# checkpoints of $U2 (new defaults):"; ckpts "$UNS" "$U2" | sed 's/^/#   /'
 fi
+
+# ------------------------------------------------------------------ chunk garbage collection in the cluster
+# What a checkpoint that retention dropped leaves in the bucket: chunk objects no manifest names.
+# One is planted beside the counter's chunks (a copy of one of them under a name no manifest
+# has, two hours old: past the 1 h grace); the leading controller's collection must delete it
+# and keep every chunk the kept checkpoints name (the restore above and the heartbeats after it
+# read them).
+if [ $CONTROLLER_REAL = 1 ] && [ -n "${U2:-}" ]; then
+  BUCKET_DIR=${STASIS_CLUSTER_STATE:-/var/lib/stasis-cluster}/s3/${STASIS_S3_BUCKET:-stasis-checkpoints}
+  KEYDIR=$(find "$BUCKET_DIR/chunks" -mindepth 1 -maxdepth 1 -type d -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -1 | cut -d' ' -f2)
+  REAL=$(find "$KEYDIR" -type f 2>/dev/null | head -1)
+  if [ -n "$REAL" ]; then
+    ORPHAN=$KEYDIR/00/00$(openssl rand -hex 31)
+    mkdir -p "$(dirname "$ORPHAN")" && cp "$REAL" "$ORPHAN" && touch -d '2 hours ago' "$ORPHAN"
+    t=$(date +%s.%N)
+    check "gc: the leading controller sweeps an orphan chunk from the cluster's S3" retry 30 test ! -e "$ORPHAN"
+    echo "# orphan chunk swept after $(secs "$t") s"
+    check "gc: ... and keeps the kept checkpoints' chunks ($(basename "$REAL"))" test -e "$REAL"
+    check "gc: ... and logs each run (chunk garbage collection, chunks_swept)" bash -c \
+      "kubectl -n $SNS logs -l app.kubernetes.io/component=controller --tail=-1 | grep 'chunk garbage collection' | grep -q chunks_swept"
+  else
+    fail "gc: no chunks of the counter in the cluster's S3 ($BUCKET_DIR)"
+  fi
+fi
+
 # gone before the uninstall, whose checks count the nodes' opted-in pods
 kubectl delete namespace "$UNS" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1
 

@@ -10,7 +10,10 @@
 #   - the node is labelled stasis.dev/notice=Reclaim and loses stasis.dev/ready (opted-in pods
 #     are then scheduled elsewhere);
 #   - the replacement, on the other node, is restored from that checkpoint (PodRestore
-#     Restored), counts on from it, never state=CORRUPT.
+#     Restored), counts on from it, never state=CORRUPT;
+#   - pre-staging: the other node's agent, a likely receiver of the noticed node's pods, fetched
+#     that checkpoint into its chunk cache before the reclaim (its log line), and the
+#     replacement's restore read every chunk from that cache (the agent's chunk cache metrics).
 #
 # Needs root. Prints "N passed, M failed"; STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up;
 # STASIS_INSTALL_NO_BUILD=1 reuses target/images/stasis.oci.tar.
@@ -31,7 +34,9 @@ retry 10 grep -q '^listening' "$WORK/standin.out" || { fail "the metadata stand-
 MD="http://$STASIS_CLUSTER_HOST_IP:$(awk '/^listening/ {print $2}' "$WORK/standin.out")"
 echo "# STAND-IN cloud metadata service (AWS IMDSv2) at $MD/<node> (no cloud is reachable here)"
 # $(NODE_NAME) is expanded by the kubelet from the agent's environment: one machine per node.
-export STASIS_HELM_ARGS="--set-json agent.extraArgs=[\"--cloud-provider=aws\",\"--cloud-metadata-url=$MD/\$(NODE_NAME)\"]"
+# Pre-staging needs the namespace's data key on the receiving node, which the key broker gives
+# only to nodes running a pod of that namespace: the broker is off here (docs/design.md §12.10c).
+export STASIS_HELM_ARGS="--set-json agent.extraArgs=[\"--cloud-provider=aws\",\"--cloud-metadata-url=$MD/\$(NODE_NAME)\"] --set keys.broker.enabled=false"
 up_and_install
 check "each agent watches its node's notices" retry 60 bash -c \
   "[ \"\$(kubectl -n stasis-system logs -l app.kubernetes.io/component=agent --tail=-1 | grep -c 'watching the cloud')\" -ge 2 ]"
@@ -60,6 +65,15 @@ check "$N1 is labelled stasis.dev/notice=Reclaim and is no longer stasis.dev/rea
   "kubectl get node $N1 -o json | jq -e '.metadata.labels[\"stasis.dev/notice\"] == \"Reclaim\" and (.metadata.labels[\"stasis.dev/ready\"] == null)' >/dev/null"
 check "a CloudNotice Event on $P1 says why: $(event "$NS" "$P1" CloudNotice | head -1 | cut -c1-120)" bash -c "[ -n \"\$(kubectl -n $NS get events --field-selector involvedObject.name=$P1,reason=CloudNotice -o name)\" ]"
 
+N2=$(other_node "$N1")
+agent_on() { kubectl -n stasis-system get pods -l app.kubernetes.io/component=agent --field-selector "spec.nodeName=$1" -o jsonpath='{.items[0].metadata.name}'; }
+A2=$(agent_on "$N2")
+prestaged() { kubectl -n stasis-system logs "$A2" --tail=-1 | grep 'checkpoint pre-staged' | grep -F "$REF"; }
+check "$N2's agent pre-staged $REF before the reclaim" retry 30 prestaged
+echo "# pre-staged on $N2: $(prestaged | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'chunks=.*' | head -1)"
+cache_metric() { kubectl get --raw "/api/v1/namespaces/stasis-system/pods/$A2:9464/proxy/metrics" | awk -v n="stasis_agent_chunk_cache_$1_total" '$1 == n {print $2}'; }
+MISSES=$(cache_metric misses)
+from_cache() { ge "$(cache_metric hits)" 1 && [ "$(cache_metric misses)" = "$MISSES" ]; }
 echo "# the cloud reclaims $N1"
 on_exit "kubectl label node $N1 stasis.dev/notice-"
 check "kill-node $N1" kill_node "$N1"
@@ -74,6 +88,11 @@ if [ -n "$P2" ]; then
   check "first count ($C_FIRST) > the count at the notice's checkpoint ($C_CKPT), and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
   check "... and <= the last count before the reclaim + 1 ($C_DEAD)" ge "$((C_DEAD + 1))" "$C_FIRST"
   check "never state=CORRUPT" not_corrupt "$NS" "$P2"
+  if [ "$(node_of "$NS" "$P2")" = "$N2" ]; then
+    # (the agent's cache counters reach /metrics within 5 s)
+    check "$P2's restore read its chunks from $N2's cache (misses before: ${MISSES:-?})" retry 10 from_cache
+    echo "# $N2's chunk cache: hits $(cache_metric hits), misses $(cache_metric misses)"
+  fi
 fi
 check "$N1 boots again" "$CLUSTER" start-node "$N1"
 kubectl label node "$N1" stasis.dev/notice- >/dev/null 2>&1

@@ -360,6 +360,10 @@ else
   if helm_chart --set webhook.clientCA=; then
     retry 60 bash -c "kubectl -n $SYS rollout status deploy/stasis-controller --timeout=5s" >/dev/null
     echo "# chart upgraded without webhook.clientCA: $(( $(date +%s) - t )) s"
+    # until a replica that still asks for a client certificate has left the Service's endpoints
+    # (rollout status returns while the old pods terminate)
+    answers_anyone() { review "$RS" "$RSH" "$RSUID" | kubectl -n "$NSA" exec -i client -- /testapp request POST "$WEBHOOK_URL" - 2>&1 | grep -qE 'status [0-9]{3}'; }
+    retry 60 answers_anyone || echo "# the webhook did not answer a review without a client certificate within 60 s"
     snapshot H2u "" "$L"
     R0=$(n_records)
     for i in 1 2 3; do

@@ -18,6 +18,12 @@
 #                                  in $failures
 #   wait_for SECONDS COMMAND...    until the command succeeds (polled every 0.2 s)
 #   free_port                      a free local TCP port
+#   cri_counter_bundle DIR UID POD [VAR=VALUE...]
+#                                  a stasis-counter bundle (scripts/make-bundle with VARs) whose
+#                                  annotations make it container "counter" of pod default/POD
+#                                  (UID) as containerd's CRI plugin writes them (no image digest)
+#   containerd_dropin DIR BINARY   DIR/stasis.toml registering the stasis runtime handler with
+#                                  BINARY, as the node installer writes it (containerd 2.x)
 #
 # Sets: root (the repository), work (the scratch directory), apiserver, etcd, kubectl, helm.
 # shellcheck shell=bash
@@ -38,6 +44,23 @@ wait_for() {
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 stop_at_exit() { harness_pids+=("$1"); }
+cri_counter_bundle() {
+    local dir=$1 uid=$2 pod=$3; shift 3
+    "$root/scripts/make-bundle" "$dir" "$@" >/dev/null
+    jq --arg uid "$uid" --arg pod "$pod" 'del(.annotations["dev.stasis.image.digest"]) | .annotations += {"io.kubernetes.cri.container-type":"container",
+        "io.kubernetes.cri.sandbox-uid":$uid, "io.kubernetes.cri.sandbox-namespace":"default",
+        "io.kubernetes.cri.sandbox-name":$pod, "io.kubernetes.cri.container-name":"counter"}' \
+        "$dir/config.json" >"$dir/c.json" && mv "$dir/c.json" "$dir/config.json"
+}
+containerd_dropin() {
+    mkdir -p "$1"
+    cat >"$1/stasis.toml" <<EOF
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.stasis]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.stasis.options]
+    BinaryName = "$2"
+EOF
+}
 newest() { ls -d "$cache"/$1 2>/dev/null | sort -V | tail -1 || true; }
 
 # apiserver_need NAME [helm]

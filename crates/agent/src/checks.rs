@@ -39,54 +39,6 @@ impl NodeChecks {
     }
 }
 
-/// True when a containerd configuration text registers the runtime handler `stasis`
-/// (`[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.stasis]`, or the 2.x
-/// `[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.stasis]`, quoted or not).
-pub fn registers_handler(config: &str) -> bool {
-    config.lines().map(str::trim).any(|l| {
-        l.starts_with('[')
-            && !l.contains("runtimes.stasis.")
-            && (l.contains("runtimes.stasis]")
-                || l.contains("runtimes.\"stasis\"]")
-                || l.contains("runtimes.'stasis'"))
-    })
-}
-
-/// Looks for the handler in containerd config files or directories of drop-ins.
-pub fn handler_check(paths: &[PathBuf], runtime_binary: &Path) -> Result<String, String> {
-    if !runtime_binary.exists() {
-        return Err(format!("{} is not installed", runtime_binary.display()));
-    }
-    let mut files = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            if let Ok(rd) = std::fs::read_dir(p) {
-                files.extend(rd.flatten().map(|e| e.path()));
-            }
-        } else if p.exists() {
-            files.push(p.clone());
-        }
-    }
-    files
-        .iter()
-        .find(|f| {
-            std::fs::read_to_string(f)
-                .map(|t| registers_handler(&t))
-                .unwrap_or(false)
-        })
-        .map(|f| format!("runtime handler stasis registered in {}", f.display()))
-        .ok_or_else(|| {
-            format!(
-                "no containerd configuration among {} registers the runtime handler stasis",
-                paths
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
-}
-
 /// Runs the checks (forks `criu --version` and `runc --version`).
 pub fn run(containerd_configs: &[PathBuf], runtime_binary: &Path) -> NodeChecks {
     let criu = stasis_engine::tools::criu_checked()
@@ -101,7 +53,7 @@ pub fn run(containerd_configs: &[PathBuf], runtime_binary: &Path) -> NodeChecks 
     NodeChecks {
         criu,
         runc,
-        handler: handler_check(containerd_configs, runtime_binary),
+        handler: stasis_engine::containerd::handler_check(containerd_configs, runtime_binary),
     }
 }
 
@@ -166,44 +118,6 @@ pub fn labels_patch(labels: &BTreeMap<String, Option<String>>) -> serde_json::Va
 mod tests {
     use super::*;
     use stasis_core::gpu::GpuDevice;
-
-    #[test]
-    fn handler_registration_is_recognised() {
-        assert!(registers_handler(
-            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.stasis]\n  runtime_type = \"io.containerd.runc.v2\"\n"
-        ));
-        assert!(registers_handler(
-            "  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'stasis']"
-        ));
-        assert!(registers_handler(
-            "[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.\"stasis\"]"
-        ));
-        assert!(!registers_handler(
-            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.stasis.options]"
-        ));
-        assert!(!registers_handler(
-            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n# runtimes.stasis]"
-        ));
-    }
-
-    #[test]
-    fn handler_check_reads_drop_ins() {
-        let t = tempfile::tempdir().unwrap();
-        let bin = t.path().join("stasis-runc");
-        let conf = t.path().join("conf.d");
-        std::fs::create_dir(&conf).unwrap();
-        assert!(handler_check(std::slice::from_ref(&conf), &bin)
-            .unwrap_err()
-            .contains("not installed"));
-        std::fs::write(&bin, "").unwrap();
-        assert!(handler_check(std::slice::from_ref(&conf), &bin).is_err());
-        std::fs::write(
-            conf.join("stasis.toml"),
-            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.stasis]\n",
-        )
-        .unwrap();
-        assert!(handler_check(&[t.path().join("absent.toml"), conf], &bin).is_ok());
-    }
 
     #[test]
     fn labels_for_cpu_and_gpu_nodes() {

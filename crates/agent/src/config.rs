@@ -74,7 +74,7 @@ pub struct Config {
     #[arg(
         long,
         env = "STASIS_RUNTIME_BINARY",
-        default_value = "/opt/stasis/bin/stasis-runc"
+        default_value = stasis_engine::containerd::DEFAULT_RUNTIME_BINARY
     )]
     pub runtime_binary: PathBuf,
     /// containerd configuration files or drop-in directories to find the `stasis` handler in.
@@ -82,7 +82,7 @@ pub struct Config {
         long = "containerd-config",
         env = "STASIS_CONTAINERD_CONFIG",
         value_delimiter = ',',
-        default_value = "/etc/containerd/config.toml,/etc/containerd/conf.d"
+        default_values = stasis_engine::containerd::DEFAULT_CONFIGS
     )]
     pub containerd_configs: Vec<PathBuf>,
     /// Seconds between node checks (labels) and sweeps of stale plans and images.
@@ -94,6 +94,11 @@ pub struct Config {
     /// Do not dump established TCP connections.
     #[arg(long)]
     pub no_tcp_established: bool,
+    /// Restore lazily where the checkpoint and the node allow it (`auto`): the container runs
+    /// before its memory has arrived, which the agent serves until it is all in place; `off`:
+    /// every restore fetches all of its memory before the container is created.
+    #[arg(long, env = "STASIS_LAZY_RESTORE", value_enum, default_value = "auto")]
+    pub lazy_restore: crate::executor::LazyRestore,
     /// Do not keep a reference to each container's latest checkpoint on the node (it makes a
     /// container killed by the OOM killer restart in place from its latest checkpoint, fetched
     /// through the chunk cache; no memory image is kept on the node).
@@ -113,6 +118,8 @@ pub struct Config {
     pub chunk_cache_bytes: Option<u64>,
     #[command(flatten)]
     pub cloud: Cloud,
+    #[command(flatten)]
+    pub prestage: Prestage,
     /// No Kubernetes: serve the node API and metrics only.
     #[arg(long, env = "STASIS_STANDALONE")]
     pub standalone: bool,
@@ -176,6 +183,35 @@ impl Cloud {
     }
 }
 
+/// Pre-staging's flags: other nodes' checkpoints fetched into this node's chunk cache while
+/// their node is at risk (cordoned, tainted, disrupted, given a notice).
+#[derive(Debug, Clone, Args)]
+pub struct Prestage {
+    /// Nodes that pre-stage each at-risk pod's latest checkpoint, of the nodes likely to
+    /// receive it (0: every one).
+    #[arg(
+        long = "prestage-receivers",
+        env = "STASIS_PRESTAGE_RECEIVERS",
+        default_value_t = 3
+    )]
+    pub receivers: usize,
+    /// Checkpoints pre-staged at once (0: no pre-staging).
+    #[arg(
+        long = "prestage-concurrency",
+        env = "STASIS_PRESTAGE_CONCURRENCY",
+        default_value_t = 2
+    )]
+    pub concurrency: usize,
+    /// Chunk requests in flight per pre-staged checkpoint (the node's own checkpoints and
+    /// restores have 12).
+    #[arg(
+        long = "prestage-streams",
+        env = "STASIS_PRESTAGE_STREAMS",
+        default_value_t = 4
+    )]
+    pub streams: usize,
+}
+
 /// `host:port`, or "" for none.
 fn address_or_none(s: &str) -> Result<Option<SocketAddr>, String> {
     if s.is_empty() {
@@ -217,6 +253,7 @@ mod tests {
             "--key-broker-url=https://broker",
             "--cloud-notice-poll-ms=5",
             "--containerd-config=/a,/b",
+            "--prestage-receivers=0",
         ])
         .unwrap();
         assert_eq!(c.metrics_addr, None, "\"\" turns the admin server off");
@@ -229,6 +266,7 @@ mod tests {
         assert_eq!(c.key_broker.url.as_deref(), Some("https://broker"));
         assert_eq!(c.cloud.settings().poll, Duration::from_millis(100));
         assert_eq!(c.containerd_configs, [PathBuf::from("/a"), "/b".into()]);
+        assert_eq!(c.prestage.receivers, 0, "0: every likely receiver");
         let d = parse(&[]).unwrap();
         assert_eq!(d.metrics_addr, Some("0.0.0.0:9464".parse().unwrap()));
         assert_eq!(
@@ -236,6 +274,14 @@ mod tests {
             PathBuf::from("/etc/stasis/keys/cluster.key")
         );
         assert!(!d.no_tcp_established && !d.no_keep_latest && !d.standalone);
+        assert_eq!(
+            (
+                d.prestage.receivers,
+                d.prestage.concurrency,
+                d.prestage.streams
+            ),
+            (3, 2, 4)
+        );
         let bad = parse(&["--metrics-addr=nowhere"]).unwrap_err().to_string();
         assert!(bad.contains("is not an address"), "{bad}");
     }

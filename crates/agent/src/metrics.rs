@@ -10,6 +10,10 @@
 //! - `stasis_agent_cloud_notices_total{kind}` (the cloud announced the node's end)
 //! - `stasis_agent_memory_triggers_total{kind}` (memory checkpoints started: `ContainerLimit`,
 //!   `NodePressure`)
+//! - `stasis_agent_prestaged_bytes_total`, `stasis_agent_prestaged_checkpoints_total` (other
+//!   nodes' checkpoints fetched into this node's chunk cache ahead of their restore);
+//!   `stasis_agent_chunk_cache_hits_total` / `_misses_total` (chunks restores read from the cache,
+//!   or looked up there and fetched from the store), `stasis_agent_chunk_cache_bytes`
 //! - `stasis_agent_up` 1, `stasis_agent_ready` (the node-ready checks)
 //!
 //! The chart's dashboard and alerts use these names (`scripts/lint chart` checks them against
@@ -38,6 +42,11 @@ pub const EXPOSED: &[&str] = &[
     "stasis_agent_errors_total",
     "stasis_agent_cloud_notices_total",
     "stasis_agent_memory_triggers_total",
+    "stasis_agent_prestaged_bytes_total",
+    "stasis_agent_prestaged_checkpoints_total",
+    "stasis_agent_chunk_cache_hits_total",
+    "stasis_agent_chunk_cache_misses_total",
+    "stasis_agent_chunk_cache_bytes",
     "stasis_agent_phase_seconds_bucket",
     "stasis_agent_phase_seconds_sum",
     "stasis_agent_phase_seconds_count",
@@ -77,6 +86,11 @@ pub struct Metrics {
     errors: Family<KindLabel, Counter>,
     notices: Family<KindLabel, Counter>,
     memory_triggers: Family<KindLabel, Counter>,
+    prestaged_bytes: Counter,
+    prestaged: Counter,
+    cache_hits: Counter,
+    cache_misses: Counter,
+    cache_bytes: Gauge,
     ready: Gauge,
     phases: PhaseFamily,
 }
@@ -95,6 +109,11 @@ impl Default for Metrics {
             errors: Family::default(),
             notices: Family::default(),
             memory_triggers: Family::default(),
+            prestaged_bytes: Counter::default(),
+            prestaged: Counter::default(),
+            cache_hits: Counter::default(),
+            cache_misses: Counter::default(),
+            cache_bytes: Gauge::default(),
             ready: Gauge::default(),
             phases: Family::new_with_constructor(phase_histogram),
         };
@@ -135,6 +154,31 @@ impl Default for Metrics {
             "stasis_agent_memory_triggers",
             "Memory checkpoints started, by cause (ContainerLimit: a container passed the policy's share of its limit; NodePressure: the node reports MemoryPressure).",
             m.memory_triggers.clone(),
+        );
+        registry.register(
+            "stasis_agent_prestaged_bytes",
+            "Bytes of other nodes' checkpoints fetched into this node's chunk cache ahead of their restore (new chunks only).",
+            m.prestaged_bytes.clone(),
+        );
+        registry.register(
+            "stasis_agent_prestaged_checkpoints",
+            "Checkpoints of pods on at-risk nodes pre-staged into this node's chunk cache.",
+            m.prestaged.clone(),
+        );
+        registry.register(
+            "stasis_agent_chunk_cache_hits",
+            "Chunks read from the node's chunk cache (authenticated) instead of the store.",
+            m.cache_hits.clone(),
+        );
+        registry.register(
+            "stasis_agent_chunk_cache_misses",
+            "Chunks looked up in the node's chunk cache and fetched from the store.",
+            m.cache_misses.clone(),
+        );
+        registry.register(
+            "stasis_agent_chunk_cache_bytes",
+            "Bytes held in the node's chunk cache.",
+            m.cache_bytes.clone(),
         );
         registry.register(
             "stasis_agent_phase_seconds",
@@ -185,6 +229,18 @@ impl Metrics {
     pub fn fetched_bytes(&self, n: u64) {
         self.fetched_bytes.inc_by(n);
     }
+    /// A checkpoint pre-staged; `bytes` fetched for it.
+    pub fn prestaged(&self, bytes: u64) {
+        self.prestaged.inc();
+        self.prestaged_bytes.inc_by(bytes);
+    }
+    /// The chunk cache's counts since it was opened (counters follow them up).
+    pub fn chunk_cache(&self, s: stasis_store::CacheStats) {
+        for (c, n) in [(&self.cache_hits, s.hits), (&self.cache_misses, s.misses)] {
+            c.inc_by(n.saturating_sub(c.get()));
+        }
+        self.cache_bytes.set(s.bytes as i64);
+    }
     pub fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
     }
@@ -224,6 +280,19 @@ mod tests {
         m.restore("prepared");
         m.checkpoint_bytes(100, 10);
         m.fetched_bytes(7);
+        m.prestaged(4096);
+        m.chunk_cache(stasis_store::CacheStats {
+            hits: 5,
+            misses: 2,
+            bytes: 9,
+            ..Default::default()
+        });
+        m.chunk_cache(stasis_store::CacheStats {
+            hits: 7,
+            misses: 2,
+            bytes: 3,
+            ..Default::default()
+        });
         m.phase_ms("freeze", 200);
         m.phase_ms("freeze", 3000);
         m.set_ready(true);
@@ -237,6 +306,11 @@ mod tests {
             "stasis_agent_memory_triggers_total{kind=\"ContainerLimit\"} 1",
             "stasis_agent_checkpoint_bytes_total{kind=\"uploaded\"} 10",
             "stasis_agent_fetched_bytes_total 7",
+            "stasis_agent_prestaged_bytes_total 4096",
+            "stasis_agent_prestaged_checkpoints_total 1",
+            "stasis_agent_chunk_cache_hits_total 7",
+            "stasis_agent_chunk_cache_misses_total 2",
+            "stasis_agent_chunk_cache_bytes 3",
             "stasis_agent_phase_seconds_bucket{le=\"0.25\",phase=\"freeze\"} 1",
             "stasis_agent_phase_seconds_bucket{le=\"5.0\",phase=\"freeze\"} 2",
             "stasis_agent_phase_seconds_bucket{le=\"+Inf\",phase=\"freeze\"} 2",

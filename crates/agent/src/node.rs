@@ -17,8 +17,8 @@ use tracing::{info, warn};
 
 use crate::error::{AgentError, Result};
 use crate::executor::{
-    CheckpointJob, CheckpointOutcome, Executor, KeptLatest, NotInPlace, PodLayout, PrepareJob,
-    Target,
+    CheckpointJob, CheckpointOutcome, Executor, KeptLatest, NotInPlace, OutOfStep, PodLayout,
+    PrepareJob, Target,
 };
 use crate::fence::{self, Stamp, Verdict};
 use crate::server::NodeHandler;
@@ -94,6 +94,9 @@ pub trait Cluster: Send + Sync {
     /// The pod's final checkpoint was skipped because it could not finish before its deadline
     /// (`message` says why and what the replacement restores): a Warning Event on the pod.
     fn final_skipped(&self, _pod: &PodInfo, _message: &str) {}
+    /// A member of the pod's restore started cold and its peers followed (what was stopped
+    /// and withdrawn): a Warning Event on the pod.
+    fn out_of_step(&self, _pod: &PodRef, _what: &OutOfStep) {}
 }
 
 /// No cluster: pods are known from the container annotations alone, each writes its own
@@ -186,6 +189,23 @@ impl Busy {
     pub fn is_busy(&self, uid: &str) -> bool {
         self.pods().contains(uid)
     }
+
+    /// Waits until no checkpoint is in progress (its upload and record included), at most until
+    /// `deadline`; the pods still busy then (none: all ended).
+    pub fn wait_idle(&self, deadline: Instant) -> Vec<String> {
+        let mut pods = self.pods();
+        while !pods.is_empty() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            pods = self
+                .freed
+                .wait_timeout(pods, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        pods.iter().cloned().collect()
+    }
 }
 
 impl Drop for BusyGuard<'_> {
@@ -222,6 +242,28 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Passes a restore's outcome (the wrapper's report, or a lazy restore whose memory could
+    /// not arrive) to the cluster, and keeps the rest of its pod in step with it.
+    pub fn relay_report(&self, req: &ReportRequest) {
+        self.cluster.report(req);
+        self.keep_in_step(req);
+    }
+
+    /// A container of a pod restore starts cold: the rest of its pod follows it, so that no
+    /// container runs from the checkpoint beside one that starts over (`executor::members`).
+    fn keep_in_step(&self, req: &ReportRequest) {
+        if !matches!(req.event, ReportEvent::ColdStart { .. }) {
+            return;
+        }
+        if let Some(out) = self
+            .exec
+            .member_cold(&req.pod.pod_uid, &req.pod.container_name)
+        {
+            warn!(pod_uid = %req.pod.pod_uid, cold = %out.cold, stopped = ?out.stopped, withdrawn = ?out.withdrawn, "a pod member starts cold: its whole pod does");
+            self.cluster.out_of_step(&req.pod, &out);
+        }
+    }
+
     /// Runs one checkpoint of a pod (the caller holds the pod's [`BusyGuard`]).
     pub fn checkpoint(&self, job: &CheckpointJob) -> Result<CheckpointOutcome> {
         let cluster = self.cluster.clone();
@@ -536,6 +578,11 @@ impl NodeHandler for Agent {
                 restore_ms,
             } => {
                 info!(container = %req.container_id, %checkpoint_ref, restore_ms, "restored");
+                self.exec.member_restored(
+                    &req.pod.pod_uid,
+                    &req.pod.container_name,
+                    &req.container_id,
+                );
                 self.exec.metrics.restore("restored");
                 self.exec.metrics.phase_ms("restore", *restore_ms);
             }
@@ -547,7 +594,7 @@ impl NodeHandler for Agent {
         if !req.pod.pod_uid.is_empty() && !req.pod.container_name.is_empty() {
             self.exec.forget(&req.pod.pod_uid, &req.pod.container_name);
         }
-        self.cluster.report(req);
+        self.relay_report(req);
     }
 }
 
@@ -614,6 +661,34 @@ mod tests {
         drop(g);
         let (got, waited) = waiter.join().unwrap();
         assert!(got);
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+    }
+
+    /// A stopping agent waits for the checkpoints in progress: it names those still running at
+    /// its deadline, and returns as soon as the last one ends.
+    #[test]
+    fn wait_idle_waits_for_every_checkpoint_in_progress() {
+        let b = Arc::new(Busy::default());
+        assert!(
+            b.wait_idle(Instant::now()).is_empty(),
+            "nothing in progress"
+        );
+        let g = b.try_take("u1").unwrap();
+        assert_eq!(
+            b.wait_idle(Instant::now() + Duration::from_millis(50)),
+            vec!["u1".to_string()]
+        );
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                (b.wait_idle(t + Duration::from_secs(10)), t.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        drop(g);
+        let (left, waited) = waiter.join().unwrap();
+        assert!(left.is_empty(), "{left:?}");
         assert!(waited < Duration::from_secs(5), "{waited:?}");
     }
 }

@@ -19,6 +19,10 @@ use stasis_service::shutdown::Shutdown;
 
 pub use crate::config::{Config, KeyBroker};
 
+/// How long a stopping agent waits for the checkpoints in progress (each also has its own
+/// deadline, and the kubelet ends the agent at the end of its grace period).
+const STOP_WAIT: Duration = Duration::from_secs(300);
+
 /// The default bound of the chunk cache: this share of the size of the filesystem that holds it.
 pub const CACHE_SHARE_PERCENT: u64 = 10;
 /// ... and never less than this (a small filesystem still caches a small pod's checkpoint).
@@ -65,7 +69,7 @@ fn open_chunk_cache(store: &Store, dir: &std::path::Path, configured: Option<u64
 /// Runs the agent on `rt` until `shutdown` (the binary's: SIGTERM or SIGINT).
 pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
-    // Ready once the pods of this node are known (at once without Kubernetes).
+    // Ready once every cache the Kubernetes side reads has synced (at once without Kubernetes).
     let ready = Readiness::default();
     let store = Arc::new(Store::open(&cfg.store)?);
     open_chunk_cache(&store, &cfg.chunk_cache_dir, cfg.chunk_cache_bytes);
@@ -108,6 +112,8 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
             ))
         }
     };
+    // (pre-staging fetches into the same cache; it needs no key)
+    let prestage_cache = store.cache().cloned();
     let exec = Arc::new(Executor::new(
         ExecutorConfig {
             runc_root: cfg.runc_root.clone(),
@@ -142,6 +148,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
     }
 
     let busy = Arc::new(Busy::default());
+    let in_progress = busy.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let settings = crate::k8s::KubeSettings {
         node: cfg.node_name.clone(),
@@ -168,6 +175,7 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
                 exec.clone(),
                 busy.clone(),
                 shutdown.clone(),
+                ready.clone(),
             ))?;
             let t = crate::k8s::label_loop(&running, settings.clone(), stop.clone());
             rt.spawn(crate::notice::run(
@@ -175,6 +183,13 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
                 cfg.cloud.settings(),
                 stop.clone(),
             ));
+            crate::k8s::prestage::start(
+                rt,
+                &running.cluster,
+                &cfg,
+                prestage_cache.clone(),
+                shutdown.clone(),
+            );
             rt.spawn(crate::memory::run(
                 crate::memory::MemoryContext {
                     client: running.cluster.client.clone(),
@@ -199,29 +214,48 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
         }
     };
 
+    // Lazy restores: a failure after the container ran is reported as the wrapper reports a
+    // failed restore (the restore's status and a Warning Event).
+    exec.set_lazy_restore(cfg.lazy_restore);
+    let lazy_agent = agent.clone();
+    exec.on_lazy_failure(move |f| lazy_agent.relay_report(&f.report()));
+
+    if let Some(cluster) = &successor {
+        // The eviction responder takes final checkpoints through the same agent as the socket.
+        rt.spawn(crate::k8s::eviction_request::run(
+            cluster.clone(),
+            agent.clone(),
+            shutdown.clone(),
+        ));
+    }
     let listener =
         stasis_node_api::server::bind(&cfg.socket).map_err(AgentError::io(&cfg.socket))?;
     let socket_inode = std::fs::metadata(&cfg.socket).map(|m| m.ino()).ok();
-    let server = crate::server::serve(listener, agent, stop.clone());
+    let server =
+        crate::server::serve(listener, agent, stop.clone()).map_err(AgentError::io(&cfg.socket))?;
     info!(socket = %cfg.socket.display(), node = %cfg.node_name, store = %cfg.store, "stasisd running");
 
-    match &successor {
-        // Ready: the pods of this node are known (what every watcher waits for).
-        Some(cluster) => {
-            let (pods, ready) = (cluster.pods.clone(), ready.clone());
-            rt.spawn(async move {
-                stasis_api::cache::wait_ready(&pods).await;
-                ready.set(true);
-            });
-        }
-        None => ready.set(true),
+    if client.is_none() {
+        ready.set(true);
     }
 
     rt.block_on(shutdown.wait());
     info!("stopping");
     stop.store(true, Ordering::SeqCst);
-    crate::server::wake(&cfg.socket);
-    let _ = server.join();
+    server.stop();
+    // A final checkpoint answered when captured is still uploading: the node's own shutdown (the
+    // kubelet ends the agent right after the workloads) must not cut it off. The kubelet's
+    // SIGKILL at the end of the agent's grace period bounds this wait too.
+    let busy_at_stop = in_progress.wait_idle(std::time::Instant::now());
+    if !busy_at_stop.is_empty() {
+        info!(pods = ?busy_at_stop, "waiting for the checkpoints in progress before stopping");
+        let left = in_progress.wait_idle(std::time::Instant::now() + STOP_WAIT);
+        if left.is_empty() {
+            info!("the checkpoints in progress ended");
+        } else {
+            warn!(pods = ?left, "checkpoints still in progress: stopping without them");
+        }
+    }
     // A rolling update starts the new agent first (surge): it has bound the socket path anew,
     // and it keeps the node ready. Remove only what is still ours.
     if std::fs::metadata(&cfg.socket).map(|m| m.ino()).ok() == socket_inode {

@@ -1,6 +1,7 @@
 //! The node-api server on `/run/stasis/agent.sock` (0600 in a 0700 directory): one request per
 //! connection, one thread per connection (bounded), answers from a [`NodeHandler`].
 
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -95,13 +96,44 @@ fn connection_thread(f: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
         .map(drop)
 }
 
-/// Serves until `stop` is set (and one more connection arrives, which [`wake`] provides).
+/// The node-api server, running on its own thread until [`Server::stop`].
+pub struct Server {
+    thread: JoinHandle<()>,
+    /// The accepting socket itself (a second handle on it), to wake the accept at stop.
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Sets `stop`, wakes the accept and waits for the server's thread (the connections in
+    /// progress finish on their own threads). The accept is woken by shutting the listening
+    /// socket down, never by connecting to its path: in a rolling update the next agent has
+    /// bound the path anew before this one stops, so a connection there reached the next
+    /// agent, this one's accept never returned, and the old agent pod waited for the
+    /// kubelet's SIGKILL at the end of its grace period (60 s per node).
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Err(e) =
+            nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both)
+        {
+            warn!(error = %e, "cannot shut the node-api socket down");
+        }
+        let _ = self.thread.join();
+    }
+}
+
+/// Serves until [`Server::stop`] (or until `stop` is set and one more connection arrives).
 pub fn serve(
     listener: UnixListener,
     handler: Arc<dyn NodeHandler>,
     stop: Arc<AtomicBool>,
-) -> JoinHandle<()> {
-    serve_with(listener, handler, stop, connection_thread)
+) -> std::io::Result<Server> {
+    let accepting = listener.try_clone()?;
+    Ok(Server {
+        thread: serve_with(accepting, handler, stop.clone(), connection_thread),
+        listener,
+        stop,
+    })
 }
 
 fn serve_with(
@@ -146,11 +178,6 @@ fn serve_with(
             }
         })
         .expect("spawn the node-api thread")
-}
-
-/// Unblocks [`serve`]'s accept after `stop` was set.
-pub fn wake(path: &std::path::Path) {
-    let _ = UnixStream::connect(path);
 }
 
 #[cfg(test)]
@@ -198,12 +225,17 @@ mod tests {
         let path = dir.path().join("agent.sock");
         let listener = stasis_node_api::server::bind(&path).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let server = serve_with(
+        let accepting = listener.try_clone().unwrap();
+        let server = Server {
+            thread: serve_with(
+                accepting,
+                Arc::new(Nothing),
+                stop.clone(),
+                thread_limit_then_ok,
+            ),
             listener,
-            Arc::new(Nothing),
-            stop.clone(),
-            thread_limit_then_ok,
-        );
+            stop,
+        };
         let client = stasis_node_api::Client::new(&path)
             .with_connect_timeout(Duration::from_secs(2))
             .with_io_timeout(Duration::from_millis(500));
@@ -216,8 +248,45 @@ mod tests {
             matches!(&answer, Ok(a) if a.starts_with("stasisd")),
             "{answer:?}"
         );
-        stop.store(true, Ordering::SeqCst);
-        wake(&path);
-        server.join().unwrap();
+        server.stop();
+    }
+
+    /// A rolling update: the next agent binds the socket path anew while this one still runs.
+    /// Stopping this one must neither wait for a connection that now goes to the next one nor
+    /// disturb the next one.
+    #[test]
+    fn stop_returns_while_the_next_agent_holds_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let old = serve(
+            stasis_node_api::server::bind(&path).unwrap(),
+            Arc::new(Nothing),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .unwrap();
+        let next = serve(
+            stasis_node_api::server::bind(&path).unwrap(),
+            Arc::new(Nothing),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .unwrap();
+        let (done, stopped) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            old.stop();
+            let _ = done.send(());
+        });
+        assert!(
+            stopped.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "the old server did not stop while the next one holds the path"
+        );
+        let client = stasis_node_api::Client::new(&path)
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_io_timeout(Duration::from_secs(2));
+        let answer = client.ping();
+        assert!(
+            matches!(&answer, Ok(a) if a.starts_with("stasisd")),
+            "the next agent still answers: {answer:?}"
+        );
+        next.stop();
     }
 }

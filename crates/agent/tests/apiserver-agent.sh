@@ -2,7 +2,8 @@
 # stasisd against a real kube-apiserver (etcd + kube-apiserver from scripts/cluster's cache, no
 # kubelet) with real runc and CRIU: Pod objects bound to a Node object stand for the pods, and a
 # counter container started with runc carries their UIDs in its CRI annotations, which is all the
-# agent needs. Checks: node labels (ready, arch) and their removal on SIGTERM; a PodCheckpoint
+# agent needs. Checks: /readyz 503 until every cache has listed (stasis's CRDs are installed only
+# after the agent started), 200 after; node labels (ready, arch) and their removal on SIGTERM; a PodCheckpoint
 # taken to Succeeded with its status fields, stamped from the lineage record that names the pod's
 # UID as holder; a pod with copied lineage annotations, and a pod without the stasis RuntimeClass,
 # refused before any freeze; the namespace's wrapped data key Secret; the manifest digest in the
@@ -57,9 +58,7 @@ jp() { kubectl get "$1" "$2" ${3:+-n "$3"} -o jsonpath="$4" 2>/dev/null; }
 phase_is() { test "$(jp "$1" "$2" default '{.status.phase}')" = "$3"; }
 node_ready() { test "$(jp node test-node '' '{.metadata.labels.stasis\.dev/ready}')" = true; }
 
-kubectl apply --server-side -f "$root/deploy/helm/stasis/crds/stasis.dev.yaml" >/dev/null
-kubectl wait --for condition=established --timeout=30s \
-    crd/checkpointpolicies.stasis.dev crd/podcheckpoints.stasis.dev crd/podrestores.stasis.dev >/dev/null
+# (stasis's CRDs come after the agent has started: its /readyz waits for their lists)
 kubectl create namespace stasis >/dev/null
 kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -103,20 +102,13 @@ EOF
 record 1 "$uid_a"
 
 # The source pod's container: runc, with CRI annotations naming counter-a's UID; stdout on a pipe.
-"$root/scripts/make-bundle" "$work/b1" STATE_MB=16 INTERVAL_MS=100 >/dev/null
-# (containerd gives CRI containers no dev.stasis.image.digest annotation: neither does this one)
-jq --arg uid "$uid_a" 'del(.annotations["dev.stasis.image.digest"]) | .annotations += {"io.kubernetes.cri.container-type":"container",
-    "io.kubernetes.cri.sandbox-uid":$uid, "io.kubernetes.cri.sandbox-namespace":"default",
-    "io.kubernetes.cri.sandbox-name":"counter-a", "io.kubernetes.cri.container-name":"counter"}' \
-    "$work/b1/config.json" >"$work/b1/c.json" && mv "$work/b1/c.json" "$work/b1/config.json"
+cri_counter_bundle "$work/b1" "$uid_a" counter-a STATE_MB=16 INTERVAL_MS=100
 runc --root "$runc_root" run -d --bundle "$work/b1" c1 > >(cat >>"$work/c1.out") 2>&1
 wait_for 20 grep -q 'count=3' "$work/c1.out" || fail "the counter counts"
 
 # The agent.
 head -c 32 /dev/urandom >"$work/cluster-key"
-mkdir -p "$work/containerd/conf.d"
-printf '[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.stasis]\n  runtime_type = "io.containerd.runc.v2"\n' \
-    >"$work/containerd/conf.d/stasis.toml"
+containerd_dropin "$work/containerd/conf.d" "$wrapper"
 NODE_NAME=test-node RUST_LOG=info,kube=warn "$stasisd" --store "file://$work/store" \
     --cluster-key "$work/cluster-key" --runc-root "$runc_root" --socket "$work/run/agent.sock" \
     --plans-dir "$work/run/plans" --images-dir "$work/images" --work-dir "$work/work" \
@@ -132,12 +124,30 @@ if wait_for 30 node_ready; then
 else
     fail "node ready label: $(kubectl get node test-node -o jsonpath='{.metadata.labels}')"
 fi
-# The admin server: alive, and ready once the pods of the node are known.
-if wait_for 30 curl -fsS "http://127.0.0.1:$metrics_port/readyz" >/dev/null &&
+# The admin server: alive at once; ready only once every cache has its first list. The pods'
+# list comes at once, the PodCheckpoints' and PodRestores' cannot while their CRDs are missing.
+readyz() { curl -sS -o /dev/null -w '%{http_code}' "http://127.0.0.1:$metrics_port/readyz" 2>&1; }
+if wait_for 30 grep -q '"pods of this node known"' "$work/stasisd.log" &&
     curl -fsS "http://127.0.0.1:$metrics_port/livez" >/dev/null; then
-    pass "/livez and /readyz answer ok"
+    sleep 2
+    code=$(readyz)
+    if [[ $code == 503 ]]; then
+        pass "/livez ok; /readyz 503 with the pods listed and the PodCheckpoint and PodRestore lists missing"
+    else
+        fail "/readyz before the CRDs exist: $code, not 503"
+    fi
 else
-    fail "/readyz: $(curl -sS "http://127.0.0.1:$metrics_port/readyz" 2>&1)"
+    fail "/livez, or the node's pods listed: $(grep -c . "$work/stasisd.log") log lines"
+fi
+kubectl apply --server-side -f "$root/deploy/helm/stasis/crds/stasis.dev.yaml" >/dev/null
+kubectl wait --for condition=established --timeout=30s \
+    crd/checkpointpolicies.stasis.dev crd/podcheckpoints.stasis.dev crd/podrestores.stasis.dev >/dev/null
+t0=$SECONDS
+readyz_ok() { test "$(readyz)" = 200; }
+if wait_for 60 readyz_ok; then
+    pass "/readyz 200 $((SECONDS - t0)) s after the CRDs are established (the watches' backoff)"
+else
+    fail "/readyz after the CRDs: $(readyz)"
 fi
 
 sleep 2

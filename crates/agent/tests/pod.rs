@@ -5,7 +5,13 @@
 //!   stop follows, is answered with that checkpoint, without another;
 //! - a replacement whose spec lacks a container is refused before anything is fetched;
 //! - the replacement pod's preparation writes a plan for each container and a skip note for
-//!   its init container; `stasis-runc create` + `start` restore both, and both counts continue.
+//!   its init container; `stasis-runc create` + `start` restore both, and both counts continue;
+//! - a second replacement whose sidecar cannot be restored (its images damaged after the
+//!   preparation) starts cold as a whole: the counter, restored first, is stopped, and the
+//!   sidecar starts over;
+//! - a third replacement with lazy restores on: each container is staged and served by its own
+//!   page server, both run before their memory has arrived, both counts continue, and both
+//!   come to full residency with their state intact.
 //!
 //! Needs root, CRIU >= 4.2, runc, the counter image and `stasis-runc`; run under a reaping
 //! subreaper. Without them the test prints SKIPPED (and fails when `CI` is set).
@@ -98,10 +104,10 @@ fn a_pod_is_checkpointed_and_prepared_as_a_whole() {
         w.runc().delete_force(&format!("src-{name}")).unwrap();
     }
 
-    let job = |members: &[&str]| PrepareJob {
+    let job_for = |uid: &str, members: &[&str]| PrepareJob {
         reference: reference.parse().unwrap(),
         namespace: "default".into(),
-        pod_uid: "uid-dst".into(),
+        pod_uid: uid.into(),
         container_name: None,
         layout: Some(layout(members)),
         spec_hash: None,
@@ -109,6 +115,7 @@ fn a_pod_is_checkpointed_and_prepared_as_a_whole() {
         declared: BTreeMap::new(),
         manifest_digest: None,
     };
+    let job = |members: &[&str]| job_for("uid-dst", members);
     // A replacement that lost its sidecar: refused, nothing fetched, nothing planned.
     let e = exec.prepare(&job(&["counter"])).unwrap_err();
     assert!(matches!(e, AgentError::ContainersDiffer(_)), "{e}");
@@ -143,5 +150,71 @@ fn a_pod_is_checkpointed_and_prepared_as_a_whole() {
             before[i],
             after[i]
         );
+    }
+
+    // A replacement whose sidecar cannot be restored: its images lose a file after the
+    // preparation. The counter is restored first (as the kubelet creates one container after
+    // another); the sidecar's restore fails, so it starts cold, and the counter must not run on
+    // from the checkpoint beside it: it is stopped (the kubelet would start it again, cold).
+    exec.prepare(&job_for("uid-out", &["side", "counter"]))
+        .expect("prepare the second replacement");
+    let b = member(&w, "uid-out", "counter", &envs[0]);
+    let rx_counter = wrapper_create_start(&mut w, &b, "out-counter");
+    let restored_at = first_count(&rx_counter);
+    assert!(restored_at > before[0], "restored: {restored_at}");
+    std::fs::remove_file(w.path("images/uid-out/side/criu/inventory.img")).unwrap();
+    let b = member(&w, "uid-out", "side", &envs[1]);
+    let rx_side = wrapper_create_start(&mut w, &b, "out-side");
+    let cold_at = first_count(&rx_side);
+    assert!(cold_at < before[1], "the sidecar starts over: {cold_at}");
+    wait_for("the restored counter to be stopped", 30, || {
+        let out = w.runc_output(&["state", "out-counter"]);
+        !String::from_utf8_lossy(&out.stdout).contains("\"running\"")
+    });
+    let metrics = exec.metrics.render();
+    assert!(
+        metrics.contains("stasis_agent_restores_total{result=\"out_of_step\"} 1"),
+        "{metrics}"
+    );
+    eprintln!(
+        "the sidecar started cold at {cold_at}; the counter restored at {restored_at} was stopped"
+    );
+
+    // The same pod restored lazily: each container has its own page server, and both run
+    // before their memory has arrived.
+    exec.set_lazy_restore(stasis_agent::executor::LazyRestore::Auto);
+    exec.prepare(&job_for("uid-lazy", &["side", "counter"]))
+        .expect("prepare the lazy replacement");
+    for name in NAMES {
+        let plan =
+            stasis_node_api::planfile::read(&plans.join(format!("pod_uid-lazy_{name}.json")))
+                .unwrap()
+                .expect("a plan")
+                .plan;
+        assert!(plan.lazy, "{name}: {plan:?}");
+    }
+    let mut lazy_ids = Vec::new();
+    for (i, (name, env)) in NAMES.iter().zip(&envs).enumerate() {
+        let b = member(&w, "uid-lazy", name, env);
+        let id = format!("lazy-{name}");
+        let rx = wrapper_create_start(&mut w, &b, &id);
+        let first = first_count(&rx);
+        eprintln!("{name}: restored lazily at {first}");
+        assert!(
+            first > before[i] && first <= after[i] + 1,
+            "{name}: first={first}, before={}, after={}",
+            before[i],
+            after[i]
+        );
+        lazy_ids.push(id);
+    }
+    wait_for("both lazily restored containers resident", 120, || {
+        exec.metrics
+            .render()
+            .contains("stasis_agent_restores_total{result=\"lazy_resident\"} 2")
+    });
+    // Every page of both, checked by the counters themselves (SIGUSR1: a full check).
+    for id in &lazy_ids {
+        assert_full_check(&w, id);
     }
 }

@@ -26,7 +26,11 @@ pub const SECRET_PREFIX: &str = "stasis-key-";
 /// Data field of the wrapped key.
 pub const SECRET_FIELD: &str = "wrapped";
 
-/// File next to the cluster key holding the keys it replaced, one per line (64 hex digits).
+/// The cluster key Secret's field with the current key (64 hex digits), and the file it becomes
+/// where the chart mounts that Secret.
+pub const CLUSTER_KEY_FIELD: &str = "cluster.key";
+/// File next to the cluster key holding the keys it replaced, one per line (64 hex digits); the
+/// cluster key Secret's field of the same name.
 pub const RETIRED_KEYS_FILE: &str = "retired.keys";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -39,6 +43,36 @@ pub enum KeyError {
     Unwrap { namespace: String, why: String },
     #[error("no randomness available")]
     Rng,
+    #[error("Secret {secret} has no {field} field")]
+    MissingField { secret: String, field: &'static str },
+}
+
+/// `field` of Secret `s`, or why there is none (naming the Secret as `namespace/name`).
+fn secret_field<'a>(
+    s: &'a k8s_openapi::api::core::v1::Secret,
+    field: &'static str,
+) -> Result<&'a [u8], KeyError> {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(field))
+        .map(|b| b.0.as_slice())
+        .ok_or_else(|| KeyError::MissingField {
+            secret: format!(
+                "{}/{}",
+                s.metadata.namespace.as_deref().unwrap_or_default(),
+                s.metadata.name.as_deref().unwrap_or_default()
+            ),
+            field,
+        })
+}
+
+/// The data key in `namespace`'s Secret `s` (its [`SECRET_FIELD`]), unwrapped with `ring`.
+pub fn unwrap_secret(
+    ring: &ClusterKey,
+    namespace: &str,
+    s: &k8s_openapi::api::core::v1::Secret,
+) -> Result<[u8; 32], KeyError> {
+    ring.unwrap(namespace, secret_field(s, SECRET_FIELD)?)
 }
 
 /// One AES-256-GCM cluster key and its id.
@@ -84,6 +118,21 @@ impl ClusterKey {
             retired.as_deref(),
             &retired_path.display().to_string(),
         ))
+    }
+
+    /// The ring in the cluster key Secret `s`: [`CLUSTER_KEY_FIELD`] and, after rotations,
+    /// [`RETIRED_KEYS_FILE`] (what the agents read from the same Secret mounted as files).
+    pub fn from_secret(s: &k8s_openapi::api::core::v1::Secret) -> Result<Self, KeyError> {
+        let current = secret_field(s, CLUSTER_KEY_FIELD)?;
+        let retired = secret_field(s, RETIRED_KEYS_FILE)
+            .ok()
+            .map(String::from_utf8_lossy);
+        let name = format!(
+            "Secret {}/{} {RETIRED_KEYS_FILE}",
+            s.metadata.namespace.as_deref().unwrap_or_default(),
+            s.metadata.name.as_deref().unwrap_or_default()
+        );
+        Self::from_parts(current, retired.as_deref(), &name)
     }
 
     /// The current key `raw` and the retired keys in `retired` (one per line, 64 hex digits;
@@ -292,15 +341,12 @@ pub async fn load_or_create(
     let api: Api<Secret> = Api::namespaced(client.clone(), home);
     let name = secret_name(namespace);
     let kube_err = |e: kube::Error| DataKeyError::Kube(format!("Secret {home}/{name}: {e}"));
-    let unwrap = |s: &Secret| -> Result<[u8; 32], DataKeyError> {
-        let wrapped = s
-            .data
-            .as_ref()
-            .and_then(|d| d.get(SECRET_FIELD))
-            .ok_or_else(|| {
-                DataKeyError::Kube(format!("Secret {home}/{name} has no {SECRET_FIELD} field"))
-            })?;
-        Ok(ring.unwrap(namespace, &wrapped.0)?)
+    // A Secret without its field is reported like one that cannot be read, not as a wrong key.
+    let unwrap = |s: &Secret| {
+        unwrap_secret(ring, namespace, s).map_err(|e| match e {
+            KeyError::MissingField { .. } => DataKeyError::Kube(e.to_string()),
+            e => DataKeyError::Key(e),
+        })
     };
     if let Some(s) = api.get_opt(&name).await.map_err(kube_err)? {
         return unwrap(&s);
@@ -396,6 +442,61 @@ mod tests {
         );
         assert_ne!(ck(1).id(), ck(2).id());
         assert_eq!(secret_name("default"), "stasis-key-default");
+    }
+
+    #[test]
+    fn the_secrets_give_the_ring_and_the_data_key_or_name_what_is_missing() {
+        use k8s_openapi::api::core::v1::Secret;
+        use k8s_openapi::ByteString;
+        let secret = |name: &str, fields: &[(&str, &[u8])]| Secret {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                namespace: Some("stasis".into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            data: Some(
+                fields
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let (old, new) = (hex::encode([1u8; 32]), hex::encode([2u8; 32]));
+        let wrapped_old = ClusterKey::from_bytes(old.as_bytes())
+            .unwrap()
+            .wrap("team-a", &[7u8; 32])
+            .unwrap();
+        let ring = ClusterKey::from_secret(&secret(
+            "ck",
+            &[
+                (CLUSTER_KEY_FIELD, new.as_bytes()),
+                (RETIRED_KEYS_FILE, old.as_bytes()),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(ring.retired_ids().len(), 1);
+        let data = secret(&secret_name("team-a"), &[(SECRET_FIELD, &wrapped_old)]);
+        assert_eq!(unwrap_secret(&ring, "team-a", &data).unwrap(), [7u8; 32]);
+        assert_eq!(
+            ClusterKey::from_secret(&secret("ck", &[]))
+                .unwrap_err()
+                .to_string(),
+            "Secret stasis/ck has no cluster.key field"
+        );
+        assert_eq!(
+            unwrap_secret(&ring, "team-a", &secret("stasis-key-team-a", &[]))
+                .unwrap_err()
+                .to_string(),
+            "Secret stasis/stasis-key-team-a has no wrapped field"
+        );
+        assert!(matches!(
+            ClusterKey::from_secret(&secret(
+                "ck",
+                &[(CLUSTER_KEY_FIELD, new.as_bytes()), (RETIRED_KEYS_FILE, b"zz")]
+            )),
+            Err(KeyError::BadRetiredKey { file, line: 1 }) if file == "Secret stasis/ck retired.keys"
+        ));
     }
 
     #[test]

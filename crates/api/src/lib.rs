@@ -22,6 +22,7 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod condition;
+pub mod eviction;
 pub mod keys;
 pub mod lineage;
 pub mod names;

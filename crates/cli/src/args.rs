@@ -195,6 +195,12 @@ pub struct RestoreArgs {
     /// Scratch directory the checkpoint is fetched into.
     #[arg(long, env = "STASIS_WORK_DIR", default_value = "/var/lib/stasis/work")]
     pub work_dir: PathBuf,
+    /// Start the container before its memory has arrived: only the small files are fetched
+    /// first, and pages come from the store as the processes touch them, the rest in the
+    /// background (CRIU's lazy pages, userfaultfd). stasis stays until every page is in place.
+    /// Containers only, not with CUDA processes.
+    #[arg(long, conflicts_with_all = ["process", "container"])]
+    pub lazy: bool,
 }
 
 #[derive(Debug, Args)]

@@ -142,6 +142,10 @@ pub struct RunArgs {
     /// under the webhook's timeoutSeconds).
     #[arg(long, env = "STASIS_FINAL_WAIT_SECONDS", default_value_t = 20)]
     pub final_wait_seconds: u64,
+    /// After SIGTERM, the webhook and the key broker go on serving this many seconds while
+    /// `/readyz` says not ready, so that requests the Service still routes here are answered.
+    #[arg(long, env = "STASIS_DRAIN_SECONDS", default_value_t = 5)]
+    pub drain_seconds: u64,
     /// A claim whose pod never appeared is released after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub phantom_after_seconds: u64,
@@ -160,6 +164,13 @@ pub struct RunArgs {
     /// S3 credentials from the usual AWS_* variables). Without it only the CRs are deleted.
     #[arg(long, env = "STASIS_STORE_URL")]
     pub store_url: Option<String>,
+    /// Chunk garbage collection of the store (`crate::gc`, leader only) every this many
+    /// seconds; 0: none. Needs `--store-url` and `--cluster-key-secret`.
+    #[arg(long, env = "STASIS_GC_INTERVAL_SECONDS", default_value_t = 0)]
+    pub gc_interval_seconds: u64,
+    /// Unreferenced chunks younger than this many seconds are left by the collection.
+    #[arg(long, env = "STASIS_GC_GRACE_SECONDS", default_value_t = 3600)]
+    pub gc_grace_seconds: u64,
     /// Leader lease name.
     #[arg(long, default_value = "stasis-controller")]
     pub lease_name: String,
@@ -201,6 +212,27 @@ pub fn wait_restore(a: &WaitRestoreArgs) {
     eprintln!("stasis-restore-wait: {why}");
 }
 
+/// What serves the API server and the agents (the webhook, the key broker) stops `drain`
+/// after `shutdown`, and `ready` turns false at once. A replica is stopped by the kubelet
+/// without being deleted when its node shuts down gracefully: its endpoint stays in the
+/// Service until the kubelet reports it not ready, and an admission routed to it in that
+/// window failed open (the pod started cold) when the server stopped on the signal.
+fn drain_after(shutdown: &Shutdown, ready: &Readiness, drain: Duration) -> Shutdown {
+    let serving = Shutdown::new();
+    let (stop, ready, done) = (shutdown.clone(), ready.clone(), serving.clone());
+    tokio::spawn(async move {
+        stop.wait().await;
+        ready.set(false);
+        tracing::info!(
+            ?drain,
+            "stopping: still serving admissions and keys while the Service forgets this replica"
+        );
+        tokio::time::sleep(drain).await;
+        done.trigger();
+    });
+    serving
+}
+
 /// Runs the webhook and metrics servers on every replica, and the reconcilers while this
 /// replica holds the lease. Returns when the reconcilers stop (`shutdown`: the binary's
 /// SIGTERM or SIGINT; a follower waiting for the lease stops on it too) or leadership is lost.
@@ -225,6 +257,14 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         tracing::info!(secret = %name, ?outcome, "cluster key");
     }
     let metrics = Metrics::default();
+    // Every replica keeps the PodCheckpoints in a watch cache: the webhook's claims read it
+    // (instead of listing a namespace per admission), and the leader's reconcilers share it.
+    let (checkpoints, watch) = crate::cache::Checkpoints::watch(client.clone());
+    tokio::spawn(watch);
+    // Ready once the servers are up: what a replica serves (the webhook, the restore status,
+    // the key broker) reads the API server directly; the reconcilers' caches are the leader's.
+    let ready = Readiness::default();
+    let serving = drain_after(&shutdown, &ready, Duration::from_secs(a.drain_seconds));
     if a.key_broker {
         let name = a.cluster_key_secret.as_deref().ok_or_else(|| {
             anyhow::anyhow!("--key-broker needs --cluster-key-secret (the key it unwraps with)")
@@ -243,16 +283,13 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             &a.runtime_class,
             ring,
         ));
-        let (addr, metrics, stop) = (a.key_broker_addr, metrics.clone(), shutdown.clone());
+        let (addr, metrics, stop) = (a.key_broker_addr, metrics.clone(), serving.clone());
         tokio::spawn(async move {
             if let Err(e) = server::serve_broker(addr, tls, broker, metrics, stop).await {
                 tracing::error!(error = %e, "key broker");
             }
         });
     }
-    // Ready once the servers are up: what a replica serves (the webhook, the restore status,
-    // the key broker) reads the API server directly; the reconcilers' caches are the leader's.
-    let ready = Readiness::default();
     let admin = stasis_service::admin::bind(a.metrics_addr).await?;
     tokio::spawn(server::serve_metrics(
         admin,
@@ -271,9 +308,14 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
                     .map_err(anyhow::Error::msg)?,
             )
         };
+        let (policies, watch) =
+            crate::cache::watch_all::<stasis_api::CheckpointPolicy>(client.clone());
+        tokio::spawn(watch);
         let hook = Arc::new(Webhook {
             client: client.clone(),
             records: Records::new(client.clone(), &namespace).with_cap(a.max_records_per_namespace),
+            checkpoints: checkpoints.clone(),
+            policies: Some(policies),
             metrics: metrics.clone(),
             cfg: WebhookConfig {
                 runtime_class: a.runtime_class.clone(),
@@ -288,7 +330,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             },
         });
         let addr = a.webhook_addr;
-        let stop = shutdown.clone();
+        let stop = serving.clone();
         tokio::spawn(async move {
             if let Err(e) = server::serve_webhook(addr, tls, hook, stop).await {
                 tracing::error!(error = %e, "webhook server");
@@ -299,6 +341,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         Some(url) => Some(stasis_store::Store::open(url)?),
         None => None,
     };
+    let gc = gc_setup(&a, &client, &namespace)?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
     let lease = LeaseConfig {
         namespace: namespace.clone(),
@@ -311,10 +354,16 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the leader lease");
     tokio::select! {
         _ = leader::acquire(&leases, &lease) => {}
-        _ = shutdown.wait() => return Ok(()),
+        _ = shutdown.wait() => {
+            serving.wait().await;
+            return Ok(());
+        }
     }
     metrics.leader.set(1);
     tracing::info!(identity = %lease.identity, "leading");
+    if let Some(gc) = gc {
+        tokio::spawn(crate::gc::run(gc, metrics.clone(), shutdown.clone()));
+    }
     let setup = Setup {
         client,
         namespace: namespace.clone(),
@@ -330,6 +379,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             max_records_per_namespace: a.max_records_per_namespace,
         },
         store,
+        checkpoints,
         shutdown: shutdown.clone(),
     };
     tokio::select! {
@@ -337,7 +387,8 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             // Stopped by a signal: hand the lease over now.
             metrics.leader.set(0);
             leader::release(&leases, &lease).await;
-            r?
+            r?;
+            serving.wait().await;
         }
         lost = leader::keep(&leases, &lease) => {
             metrics.leader.set(0);
@@ -347,9 +398,52 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The chunk collection's setup, when `--gc-interval-seconds` asks for one.
+fn gc_setup(
+    a: &RunArgs,
+    client: &kube::Client,
+    namespace: &str,
+) -> anyhow::Result<Option<crate::gc::GcSetup>> {
+    if a.gc_interval_seconds == 0 {
+        return Ok(None);
+    }
+    let (Some(url), Some(secret)) = (&a.store_url, &a.cluster_key_secret) else {
+        anyhow::bail!("--gc-interval-seconds needs --store-url (the store to collect) and --cluster-key-secret (the key that unwraps the namespaces' data keys)");
+    };
+    Ok(Some(crate::gc::GcSetup {
+        client: client.clone(),
+        namespace: namespace.to_owned(),
+        cluster_key_secret: secret.clone(),
+        store: stasis_store::Store::open(url)?,
+        interval: Duration::from_secs(a.gc_interval_seconds),
+        grace: Duration::from_secs(a.gc_grace_seconds),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stopping replica says not ready at once and serves for the drain, then stops.
+    #[tokio::test]
+    async fn the_servers_outlive_the_signal_by_the_drain() {
+        let shutdown = Shutdown::new();
+        let ready = Readiness::ready();
+        let serving = drain_after(&shutdown, &ready, Duration::from_millis(300));
+        let t = std::time::Instant::now();
+        shutdown.trigger();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!ready.is_ready(), "not ready once the signal came");
+        assert!(!serving.is_triggered(), "still serving during the drain");
+        tokio::time::timeout(Duration::from_secs(5), serving.wait())
+            .await
+            .expect("the servers stop after the drain");
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+    }
 
     #[test]
     fn command_lines() {

@@ -210,20 +210,7 @@ pub async fn load_ring(
     let s = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), home)
         .get(name)
         .await?;
-    let field = |f: &str| s.data.as_ref().and_then(|d| d.get(f)).map(|b| b.0.clone());
-    let current = field(crate::cluster_key::CURRENT_FIELD).ok_or_else(|| {
-        anyhow::anyhow!(
-            "Secret {home}/{name} has no {}",
-            crate::cluster_key::CURRENT_FIELD
-        )
-    })?;
-    let retired =
-        field(crate::cluster_key::RETIRED_FIELD).map(|b| String::from_utf8_lossy(&b).into_owned());
-    Ok(ClusterKey::from_parts(
-        &current,
-        retired.as_deref(),
-        &format!("Secret {home}/{name} {}", crate::cluster_key::RETIRED_FIELD),
-    )?)
+    Ok(ClusterKey::from_secret(&s)?)
 }
 
 #[cfg(test)]

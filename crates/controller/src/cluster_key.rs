@@ -17,11 +17,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
-
-/// Data field of the current cluster key (64 hex digits, the store's key file format).
-pub const CURRENT_FIELD: &str = "cluster.key";
-/// Data field of the keys a rotation retired (one per line); read by the agents.
-pub const RETIRED_FIELD: &str = "retired.keys";
+use stasis_api::keys::CLUSTER_KEY_FIELD;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterKeyError {
@@ -34,11 +30,11 @@ pub enum ClusterKeyError {
     },
     #[error(
         "cluster key Secret {namespace}/{name} does not exist; it was named as an existing Secret \
-         (keys.clusterKeySecret): create it with a field {CURRENT_FIELD} of 64 hex digits \
+         (keys.clusterKeySecret): create it with a field {CLUSTER_KEY_FIELD} of 64 hex digits \
          (e.g. `openssl rand -hex 32`)"
     )]
     Missing { namespace: String, name: String },
-    #[error("cluster key Secret {namespace}/{name}: field {CURRENT_FIELD} {why}")]
+    #[error("cluster key Secret {namespace}/{name}: field {CLUSTER_KEY_FIELD} {why}")]
     Malformed {
         namespace: String,
         name: String,
@@ -58,7 +54,7 @@ pub fn check(secret: &Secret) -> Result<(), String> {
     let raw = secret
         .data
         .as_ref()
-        .and_then(|d| d.get(CURRENT_FIELD))
+        .and_then(|d| d.get(CLUSTER_KEY_FIELD))
         .ok_or("is missing")?;
     let text = std::str::from_utf8(&raw.0).map_err(|_| "is not text")?;
     let hexed = text.trim();
@@ -89,7 +85,7 @@ pub fn new_secret(namespace: &str, name: &str) -> Secret {
         },
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([(
-            CURRENT_FIELD.to_owned(),
+            CLUSTER_KEY_FIELD.to_owned(),
             ByteString(key.into_bytes()),
         )])),
         ..Default::default()
@@ -157,7 +153,7 @@ mod tests {
     fn malformed_keys_are_named() {
         let mut s = new_secret("n", "k");
         s.data = Some(BTreeMap::from([(
-            CURRENT_FIELD.to_owned(),
+            CLUSTER_KEY_FIELD.to_owned(),
             ByteString(b"abc".to_vec()),
         )]));
         assert!(check(&s).unwrap_err().contains("not 64 hex digits"));
@@ -165,7 +161,7 @@ mod tests {
         assert_eq!(check(&s).unwrap_err(), "is missing");
         // Whitespace around the digits is accepted, as the agents accept it.
         s.data = Some(BTreeMap::from([(
-            CURRENT_FIELD.to_owned(),
+            CLUSTER_KEY_FIELD.to_owned(),
             ByteString(format!("{}\n", "ab".repeat(32)).into_bytes()),
         )]));
         assert_eq!(check(&s), Ok(()));

@@ -8,14 +8,17 @@
 //!   (`stasis_core::decision::decide`) for a new `runtimeClassName: stasis` pod;
 //! - [`record`]: where lineage records live (one ConfigMap per lineage in stasis's namespace);
 //! - [`schedule`], [`webhook::patch`]: the pure parts (when a heartbeat is due, the JSONPatch);
+//! - [`gc`]: the periodic chunk garbage collection of the store (leader only);
 //! - [`leader`]: a `coordination.k8s.io/v1` Lease so one replica reconciles;
 //! - [`server`], [`metrics`]: `/metrics`, `/healthz`, the webhook's HTTPS listener;
 //! - [`wait`]: the injected init container's wait for the node agent.
 
 pub mod app;
 pub mod broker;
+pub mod cache;
 pub mod claim;
 pub mod cluster_key;
+pub mod gc;
 pub mod holder;
 pub mod leader;
 pub mod metrics;

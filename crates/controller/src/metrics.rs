@@ -27,6 +27,11 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
 /// One opted-in pod.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PodLabels {
@@ -77,6 +82,14 @@ pub struct Metrics {
     pub checkpoint_interval: Family<PodLabels, Gauge<f64, AtomicU64>>,
     /// The pods of the two families above, so pods that are gone lose their series.
     pods: Arc<Mutex<HashSet<PodLabels>>>,
+    /// Chunk garbage collections (`crate::gc`), by result (`swept`, `skipped`, `busy`,
+    /// `failed`).
+    pub gc_runs: Family<ResultLabel, Counter>,
+    /// Chunks and stored bytes the collections deleted.
+    pub gc_swept_chunks: Counter,
+    pub gc_swept_bytes: Counter,
+    /// When the last collection ended, Unix seconds.
+    pub gc_last_run: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -98,6 +111,10 @@ impl Default for Metrics {
             last_checkpoint: Family::default(),
             checkpoint_interval: Family::default(),
             pods: Arc::default(),
+            gc_runs: Family::default(),
+            gc_swept_chunks: Counter::default(),
+            gc_swept_bytes: Counter::default(),
+            gc_last_run: Gauge::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register("reconcile_errors", "Reconcile errors", m.errors.clone());
@@ -151,6 +168,26 @@ impl Default for Metrics {
             "checkpoint_interval_seconds",
             "Per checkpointed pod: its policy's heartbeat interval",
             m.checkpoint_interval.clone(),
+        );
+        registry.register(
+            "gc_runs",
+            "Chunk garbage collections, by result (swept, skipped, busy, failed)",
+            m.gc_runs.clone(),
+        );
+        registry.register(
+            "gc_swept_chunks",
+            "Unreferenced chunks deleted by garbage collection",
+            m.gc_swept_chunks.clone(),
+        );
+        registry.register(
+            "gc_swept_bytes",
+            "Stored bytes of the chunks deleted by garbage collection",
+            m.gc_swept_bytes.clone(),
+        );
+        registry.register(
+            "gc_last_run_timestamp_seconds",
+            "When the last chunk garbage collection ended (Unix s)",
+            m.gc_last_run.clone(),
         );
         Self {
             registry: Arc::new(registry),
@@ -233,6 +270,18 @@ impl Metrics {
         });
     }
 
+    /// Counts one chunk garbage collection.
+    pub fn gc_ran(&self, r: &crate::gc::Report) {
+        self.gc_runs
+            .get_or_create(&ResultLabel {
+                result: r.outcome.label().to_owned(),
+            })
+            .inc();
+        self.gc_swept_chunks.inc_by(r.chunks_swept);
+        self.gc_swept_bytes.inc_by(r.bytes_swept);
+        self.gc_last_run.set(crate::now_ms() as f64 / 1000.0);
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -252,12 +301,21 @@ mod tests {
         m.checkpoints_scheduled.inc();
         m.failed("pods", &crate::Error::Invariant("x"));
         m.admitted("ColdStart", "NoPolicy");
+        m.gc_ran(&crate::gc::Report {
+            chunks_swept: 3,
+            bytes_swept: 300,
+            ..crate::gc::Report::default()
+        });
         let text = m.encode();
         for name in [
             "stasis_controller_reconciles_total{controller=\"pods\"} 1",
             "stasis_controller_checkpoints_scheduled_total 1",
             "stasis_controller_reconcile_errors_total{controller=\"pods\",error=\"invariant\"} 1",
             "stasis_controller_admissions_total{decision=\"ColdStart\",reason=\"NoPolicy\"} 1",
+            "stasis_controller_gc_runs_total{result=\"swept\"} 1",
+            "stasis_controller_gc_swept_chunks_total 3",
+            "stasis_controller_gc_swept_bytes_total 300",
+            "# TYPE stasis_controller_gc_last_run_timestamp_seconds gauge",
         ] {
             assert!(text.contains(name), "{name} in\n{text}");
         }

@@ -290,9 +290,13 @@ impl Records {
             .collect()
     }
 
-    /// Every lineage record of a workload.
-    pub async fn of_workload(&self, workload: &WorkloadName) -> Result<Vec<Record>> {
-        let lp = ListParams::default().labels(&format!(
+    /// Every lineage record of a workload; `fresh: false` takes them from the API server's
+    /// watch cache as it is (`resourceVersion=0`: no wait for the cache to catch up with
+    /// etcd), for what only predicts ([`crate::claim::Mode::Predict`]).
+    pub async fn of_workload(&self, workload: &WorkloadName, fresh: bool) -> Result<Vec<Record>> {
+        let lp = ListParams::default();
+        let lp = if fresh { lp } else { lp.match_any() };
+        let lp = lp.labels(&format!(
             "{}=true,{}={}",
             names::LINEAGE_RECORD,
             names::WORKLOAD,

@@ -207,7 +207,12 @@ pub async fn serve_webhook(
                     // AdmissionReviews of pods are small; 4 MiB is the API server's own bound.
                     match Limited::new(req.into_body(), 4 << 20).collect().await {
                         Ok(body) => {
+                            let t = std::time::Instant::now();
                             let out = review(hook, &body.to_bytes(), wait).await;
+                            tracing::debug!(
+                                ms = t.elapsed().as_secs_f64() * 1000.0,
+                                "admission review answered"
+                            );
                             reply(StatusCode::OK, "application/json", out)
                         }
                         Err(_) => reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body\n"),

@@ -135,6 +135,12 @@ pub struct Caches {
 impl Caches {
     /// A reconciler context over these caches, writing through `client` (no store).
     pub fn context(self, client: Client) -> Arc<Context> {
+        let maps: Vec<ConfigMap> = self
+            .records
+            .iter()
+            .map(|r| r.to_config_map().unwrap())
+            .chain(self.config_maps)
+            .collect();
         Arc::new(Context {
             records: Records::new(client.clone(), "stasis"),
             recorder: Recorder::new(
@@ -156,15 +162,10 @@ impl Caches {
                 max_records_per_namespace: 1000,
             },
             policies: store_of(self.policies),
-            checkpoints: store_of(self.checkpoints),
+            checkpoints: crate::cache::Checkpoints::of(self.checkpoints),
             restores: store_of(vec![]),
-            record_maps: store_of(
-                self.records
-                    .iter()
-                    .map(|r| r.to_config_map().unwrap())
-                    .chain(self.config_maps)
-                    .collect(),
-            ),
+            record_index: crate::cache::RecordIndex::of(&maps),
+            record_maps: store_of(maps),
             pods: store_of(self.pods),
             skips: Mutex::new(HashMap::new()),
             evictions: Mutex::new(stasis_core::interval::EvictionLog::new(

@@ -27,6 +27,7 @@ pub mod names;
 pub mod notice;
 pub mod podspec;
 pub mod policy;
+pub mod prestage;
 pub mod reference;
 pub mod time;
 pub mod workload;

@@ -21,44 +21,18 @@ pub enum PolicyError {
 }
 
 /// Parses a duration: one or more `<digits><unit>` with units `ms`, `s`, `m`, `h` (a subset of
-/// Go's `time.ParseDuration`, what Kubernetes users write).
+/// Go's `time.ParseDuration`, what Kubernetes users write), numbers of at most 12 digits.
 pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
-    let invalid = || PolicyError::InvalidDuration(s.to_owned());
-    let b = s.as_bytes();
-    if b.is_empty() {
-        return Err(invalid());
-    }
-    let mut total = Duration::ZERO;
-    let mut i = 0;
-    while i < b.len() {
-        let start = i;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == start || i - start > 12 {
-            return Err(invalid());
-        }
-        let n: u64 = s[start..i].parse().map_err(|_| invalid())?;
-        let unit_ms = if b[i..].starts_with(b"ms") {
-            i += 2;
-            1
-        } else {
-            let u = match b.get(i) {
-                Some(b's') => 1_000,
-                Some(b'm') => 60_000,
-                Some(b'h') => 3_600_000,
-                _ => return Err(invalid()),
-            };
-            i += 1;
-            u
-        };
-        total = total
-            .checked_add(Duration::from_millis(
-                n.checked_mul(unit_ms).ok_or_else(invalid)?,
-            ))
-            .ok_or_else(invalid)?;
-    }
-    Ok(total)
+    // humantime reads the spans; it also takes what the CRDs' pattern `([0-9]+(ms|s|m|h))+`
+    // refuses (spaces, fractions, `d`, `min`, `1hour`), which an annotation must not get past
+    // either: with only digits and `h`, `m`, `s` its units are exactly ms, s, m and h.
+    let in_grammar = s.bytes().all(|b| b.is_ascii_digit() || b"hms".contains(&b))
+        && s.split(|c: char| !c.is_ascii_digit())
+            .all(|n| n.len() <= 12);
+    in_grammar
+        .then(|| humantime::parse_duration(s).ok())
+        .flatten()
+        .ok_or_else(|| PolicyError::InvalidDuration(s.to_owned()))
 }
 
 /// A policy's `interval`.
@@ -232,6 +206,34 @@ mod tests {
             "99999999999999s",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    /// Go's forms the API server writes (`?timeout=1m0s`) are read; what humantime alone would
+    /// also take, and the CRDs' pattern refuses, is refused.
+    #[test]
+    fn durations_stay_within_the_crd_pattern() {
+        assert_eq!(parse_duration("1m0s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("2h0m0s"), Ok(Duration::from_secs(7200)));
+        assert_eq!(
+            parse_duration("1s1s"),
+            Ok(Duration::from_secs(2)),
+            "spans add up"
+        );
+        assert_eq!(
+            parse_duration("999999999999h"),
+            Ok(Duration::from_secs(999_999_999_999 * 3600))
+        );
+        for bad in [
+            "1.5h", "1h 30m", "1hour", "1min", "2mins", "1sec", "1hr", "1w", "1M", "1y", "1us",
+            "1ns", "1msec", "1sm", "1hh", "1m5", "PT1H", "1µs", "1H",
+        ] {
+            assert_eq!(
+                parse_duration(bad),
+                Err(PolicyError::InvalidDuration(bad.to_owned())),
+                "{bad:?}"
+            );
         }
     }
 

@@ -14,6 +14,7 @@
 //! to and from a store is the store's job.
 
 pub mod checkpoint;
+pub mod containerd;
 pub mod cuda;
 pub mod error;
 pub mod image;

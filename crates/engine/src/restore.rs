@@ -18,6 +18,8 @@ use crate::runc::{RestoreOpts, Runc};
 use crate::sockets;
 use crate::tools;
 
+pub mod lazy;
+
 /// A container restore request.
 #[derive(Debug, Clone)]
 pub struct ContainerRestore<'a> {
@@ -33,6 +35,9 @@ pub struct ContainerRestore<'a> {
     pub stdio_log: Option<&'a Path>,
     /// GPU state to resume after CRIU's restore, when the checkpoint has any.
     pub gpu: Option<GpuRestore<'a>>,
+    /// Leave the lazy pages to a `criu lazy-pages` already serving them ([`lazy`]); `false`:
+    /// every page is in place before the processes run.
+    pub lazy_pages: bool,
 }
 
 /// What the checkpoint recorded about its CUDA processes.
@@ -350,6 +355,7 @@ pub fn restore_container_reporting(req: &ContainerRestore<'_>) -> Result<Restore
         pid_file: &pid_file,
         tcp_established: req.tcp_established,
         criu_conf: conf.as_ref().map(|c| c.path.as_path()),
+        lazy_pages: req.lazy_pages,
     };
     let restored = req
         .runc

@@ -47,6 +47,9 @@ pub struct RestoreOpts<'a> {
     pub tcp_established: bool,
     /// A CRIU configuration file for the options runc has no flag for (`sockets::CriuConf`).
     pub criu_conf: Option<&'a Path>,
+    /// Leave the lazy pages to a running `criu lazy-pages` (`restore::lazy`). runc always tells
+    /// CRIU whether to, so a CRIU configuration file cannot turn it on: only this flag does.
+    pub lazy_pages: bool,
 }
 
 /// runc with a given binary and state root.
@@ -127,6 +130,25 @@ impl Runc {
         .map(drop)
     }
 
+    /// `runc kill <id> KILL`: ends the container's init (its runtime's shim sees the exit, as
+    /// it would an OOM kill, and the kubelet restarts it by the pod's restart policy, unlike
+    /// `delete`, which removes the container under its shim); a container that is already gone
+    /// is fine.
+    pub fn kill(&self, id: &str) -> Result<(), EngineError> {
+        match tools::run_capture(
+            self.cmd().args(["kill", id, "KILL"]),
+            &format!("runc kill {id}"),
+        ) {
+            Ok(_) => Ok(()),
+            Err(EngineError::ToolFailed { detail, .. })
+                if detail.contains("does not exist") || detail.contains("not running") =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// `runc delete --force`: kills and removes; a container that is already gone is fine.
     pub fn delete_force(&self, id: &str) -> Result<(), EngineError> {
         match tools::run_capture(
@@ -201,6 +223,9 @@ impl Runc {
         ];
         if o.tcp_established {
             a.push("--tcp-established".into());
+        }
+        if o.lazy_pages {
+            a.push("--lazy-pages".into());
         }
         a.push(id.to_owned());
         a
@@ -280,20 +305,28 @@ mod tests {
             a.join(" "),
             "checkpoint --image-path /i --work-path /w --file-locks --leave-running --tcp-established c1"
         );
-        let r = Runc::restore_args(
-            "c2",
-            &RestoreOpts {
-                image_path: p,
-                work_path: w,
-                bundle: Path::new("/b"),
-                pid_file: Path::new("/b/pid"),
-                tcp_established: false,
-                criu_conf: None,
-            },
-        );
+        let plain = RestoreOpts {
+            image_path: p,
+            work_path: w,
+            bundle: Path::new("/b"),
+            pid_file: Path::new("/b/pid"),
+            tcp_established: false,
+            criu_conf: None,
+            lazy_pages: false,
+        };
+        let r = Runc::restore_args("c2", &plain);
         assert_eq!(
             r.join(" "),
             "restore --detach --image-path /i --work-path /w --bundle /b --pid-file /b/pid --file-locks c2"
+        );
+        let lazy_pages = RestoreOpts {
+            lazy_pages: true,
+            ..plain
+        };
+        let lazy = Runc::restore_args("c3", &lazy_pages);
+        assert!(
+            lazy.join(" ").ends_with("--file-locks --lazy-pages c3"),
+            "{lazy:?}"
         );
     }
 

@@ -93,6 +93,7 @@ fn first_restored_count(w: &mut World, img: &ImageDir, cap: &Captured, new_id: &
         tcp_established: true,
         stdio_log: Some(&log),
         gpu: None,
+        lazy_pages: false,
     })
     .unwrap_or_else(|e| panic!("restore {new_id}: {e}"));
     let until = Instant::now() + Duration::from_secs(20);

@@ -234,7 +234,7 @@ pub async fn restore(
 }
 
 /// The reason the current user may not create `podrestores` in `ns`, or none when allowed.
-async fn may_not_restore(client: &Client, ns: &str) -> Result<Option<String>> {
+pub(crate) async fn may_not_restore(client: &Client, ns: &str) -> Result<Option<String>> {
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
@@ -281,7 +281,7 @@ async fn may_not_restore(client: &Client, ns: &str) -> Result<Option<String>> {
 
 /// `from` as a checkpoint reference and the pod it was taken from: a reference as given, or a
 /// succeeded `PodCheckpoint`'s.
-async fn resolve_checkpoint(
+pub(crate) async fn resolve_checkpoint(
     client: &Client,
     ns: &str,
     from: &str,

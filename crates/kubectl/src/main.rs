@@ -7,6 +7,9 @@
 //!   not restore;
 //! - `why POD`: the admission decision, the pod's `PodRestore`s and stasis's Events about it;
 //! - `list [POD | KIND/NAME]`: the checkpoints, newest first;
+//! - `export POD|CHECKPOINT -f FILE`: the kubelet's checkpoint archive (KEP-2008) of a pod's
+//!   newest checkpoint or a named one, as `stasis export` writes it (needs the permission to
+//!   restore, and the namespace's data key: [`export`]);
 //! - `advise`: for each opted-in workload, the checks of its readiness for evictions on spot
 //!   capacity and the arithmetic of an eviction with and without stasis (advice: exit 0 with
 //!   findings).
@@ -16,6 +19,7 @@
 
 mod actions;
 mod advise;
+mod export;
 mod read;
 mod table;
 mod view;
@@ -112,6 +116,10 @@ enum Command {
     Why { pod: String },
     /// Checkpoints, newest first: all of the namespace, or of a pod or workload
     List { target: Option<String> },
+    /// Write a pod's newest checkpoint (or a named PodCheckpoint) as the kubelet's checkpoint
+    /// archive, which checkpointctl reads (needs the stasis-restorer role in the namespace, and
+    /// the namespace's data key: see --key-file)
+    Export(export::ExportArgs),
     /// For each opted-in workload: what makes it lose work on spot capacity (grace period
     /// against the provider's notice, toleration and affinity, disruption budget,
     /// do-not-disrupt), its checkpoint's cost, the loss per eviction and the goodput with and
@@ -125,6 +133,11 @@ async fn main() -> ExitCode {
     // first TLS connection would panic. Choose ring, as the agent and the controller do.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Export(_)) {
+        // The export's scratch directory holds the pod's memory in plaintext: a signal removes
+        // it (stasis export's handling). Only this thread exists yet, as the handling needs.
+        stasis_cli::signals::install();
+    }
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -197,6 +210,10 @@ async fn run(cli: Cli) -> Result<()> {
                 || format!("podcheckpoint.stasis.dev/{}\n", c.name_any()),
                 &scope,
             )
+        }
+        Command::Export(a) => {
+            let out = export::export(&client, &ns, a, rc).await?;
+            emit(cli.output, &out, || format!("{}\n", out.summary()), &scope)
         }
         Command::Restore { pod, from, dry_run } => {
             let r = actions::restore(&client, &ns, pod, from, *dry_run).await?;

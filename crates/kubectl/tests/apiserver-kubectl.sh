@@ -369,6 +369,61 @@ ok_if "advise without the right to list pods: exit 1, the API server's refusal" 
     bash -c "[ $rc = 1 ] && grep -qF 'listing pods: forbidden' '$work/err'"
 [ -z "${STASIS_ADVISE_SAMPLE:-}" ] || cp "$work/advise.txt" "$STASIS_ADVISE_SAMPLE"
 
+# ------------------------------------------------------------------ export
+# A checkpoint of web-1 in a real S3 store (s3s-fs): a minimal kubelet archive imported by the
+# stasis CLI under prod's data key; that key wrapped by a cluster key in stasis's namespace, as
+# stasis keeps them; a PodCheckpoint naming it, as the agent would write it.
+s3fs="$(newest 's3s-fs-*/bin/s3s-fs')"
+stasis_cli="${STASIS_CLI:-$root/target/debug/stasis}"
+if [[ -z "$s3fs" || ! -x "$stasis_cli" ]]; then
+    echo "SKIP export checks: need s3s-fs (scripts/build-platform s3s-fs) and the stasis CLI at $stasis_cli (cargo build -p stasis-cli)"
+    [ -z "${CI:-}" ] || fail "export checks cannot run in CI"
+else
+    s3port=$(free_port); mkdir -p "$work/s3/ckpts"
+    "$s3fs" --host 127.0.0.1 --port "$s3port" --access-key stasis --secret-key stasis-secret "$work/s3" >"$work/s3.log" 2>&1 &
+    stop_at_exit $!
+    export AWS_ENDPOINT_URL=http://127.0.0.1:$s3port AWS_ACCESS_KEY_ID=stasis AWS_SECRET_ACCESS_KEY=stasis-secret AWS_REGION=us-east-1
+    export STASIS_STORE=s3://ckpts/c
+    wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$s3port"
+    ck=$(openssl rand -hex 32); dk=$(openssl rand -hex 32)
+    (umask 077; echo "$dk" >"$work/prod.key")
+    # wrapped as stasis wraps a data key: 01 ‖ nonce ‖ AES-256-GCM(cluster key, aad = the namespace's)
+    wrapped=$(python3 -c 'import base64, os, sys
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+n = os.urandom(12)
+print(base64.b64encode(b"\x01" + n + AESGCM(bytes.fromhex(sys.argv[1])).encrypt(n, bytes.fromhex(sys.argv[2]), b"stasis.dev/data-key/v1/prod")).decode())' "$ck" "$dk")
+    kubectl create namespace stasis-system >/dev/null
+    kubectl -n stasis-system create secret generic stasis-cluster-key --from-literal=cluster.key="$ck" >/dev/null
+    printf 'apiVersion: v1\nkind: Secret\nmetadata: {name: stasis-key-prod, labels: {stasis.dev/namespace: prod}}\ndata: {wrapped: %s}\n' "$wrapped" \
+        | kubectl -n stasis-system create -f - >/dev/null
+    mkdir -p "$work/arc/checkpoint" "$work/scratch"
+    head -c 300000 /dev/urandom >"$work/arc/checkpoint/pages-1.img"; echo i >"$work/arc/checkpoint/inventory.img"
+    echo '{"id":"c0ffee","name":"c"}' >"$work/arc/config.dump"
+    tar -C "$work/arc" -cf "$work/in.tar" config.dump checkpoint
+    ref=$("$stasis_cli" import "$work/in.tar" --key "$work/prod.key" --workload prod_deployment_web.1 --work-dir "$work/scratch" -o json | jq -r .reference)
+    ckpt web-1-export "${ref#*/}" web-1 "$UID1" Manual Succeeded 1 300000 10 node-2
+
+    as dev export web-1 -f "$work/dev.tar" --work-dir "$work/scratch"
+    ok_if "export without the permission to restore: refused with restore's reason, no file" bash -c \
+        "[ $rc = 1 ] && grep -qF 'exporting a checkpoint needs the permission to restore it: you may not restore in namespace prod' '$work/err' && grep -qF stasis-restorer '$work/err' && [ ! -e '$work/dev.tar' ]"
+    as ops export web-1 -f "$work/ops.tar" --work-dir "$work/scratch"
+    ok_if "export by a restorer who may not read stasis's key Secrets: refused, naming the Secret and --key-file" bash -c \
+        "[ $rc = 1 ] && grep -qF 'Secret stasis-system/stasis-cluster-key' '$work/err' && grep -qF -- '--key-file' '$work/err' && [ ! -e '$work/ops.tar' ]"
+    as ops export web-1 -f "$work/ops.tar" --key-file "$work/prod.key" --work-dir "$work/scratch"
+    ok_if "export web-1 with the namespace's key file: its newest checkpoint, CRIU's files as imported" bash -c \
+        "[ $rc = 0 ] && grep -qF 'exported $ref to $work/ops.tar' '$work/out' && tar -xOf '$work/ops.tar' checkpoint/pages-1.img | cmp -s - '$work/arc/checkpoint/pages-1.img'"
+    as admin export web-1-export -f "$work/admin.tar" -o json --work-dir "$work/scratch"
+    ok_if "export of a named PodCheckpoint with the key from the cluster (an operator): the archive, 0600, -o json" bash -c \
+        "[ $rc = 0 ] && jq -e '.reference == \"$ref\" and .images == 2' '$work/out' && [ \$(stat -c %a '$work/admin.tar') = 600 ] && tar -xOf '$work/admin.tar' checkpoint/pages-1.img | cmp -s - '$work/arc/checkpoint/pages-1.img'"
+    as admin export web-1 -f "$work/admin.tar" --work-dir "$work/scratch"
+    ok_if "export onto an existing file: refused, the file left" bash -c "[ $rc = 1 ] && grep -qF 'exists: choose another --file' '$work/err' && tar -xOf '$work/admin.tar' checkpoint/pages-1.img | cmp -s - '$work/arc/checkpoint/pages-1.img'"
+    as admin export web-1 -f "$work/c.tar" --container other --work-dir "$work/scratch"
+    ok_if "export --container of a one-container checkpoint: refused, as stasis export does" bash -c "[ $rc = 1 ] && grep -qF 'leave out --container' '$work/err'"
+    as admin export web-0-final -f "$work/gone.tar" --work-dir "$work/scratch"
+    ok_if "export of a PodCheckpoint whose reference the store cannot take: an error naming it" bash -c "[ $rc = 1 ] && grep -qF 'prod_deployment_web.1/0000000001' '$work/err'"
+    ok_if "export leaves no plaintext scratch behind" bash -c "[ -z \"\$(ls -A '$work/scratch')\" ]"
+fi
+
 if [ "$failures" -gt 0 ]; then
     echo "apiserver-kubectl: $failures check(s) failed" >&2
     exit 1

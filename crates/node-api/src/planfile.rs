@@ -357,6 +357,7 @@ mod tests {
                 rootfs_method: Some(RootfsMethod::OverlayUpper),
                 checkpoint_ref: "default/counter/17".into(),
                 tcp_established: true,
+                lazy: false,
             },
             expires_at_unix_ms: Some(1_795_000_000_000),
         }

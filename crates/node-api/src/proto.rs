@@ -226,6 +226,12 @@ pub struct Plan {
     /// Restore established TCP connections (`--tcp-established`).
     #[serde(default)]
     pub tcp_established: bool,
+    /// The agent serves the memory lazily: `image_dir` holds every file but the page images,
+    /// which hold only the pages CRIU maps itself, and a `criu lazy-pages` daemon fed by the
+    /// agent listens in `image_dir/criu` (the restore's work dir) for `runc restore
+    /// --lazy-pages`. Absent (older agents): a full restore.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lazy: bool,
 }
 
 /// The answer to a `restore_plan` request.
@@ -341,6 +347,7 @@ mod tests {
             rootfs_method: Some(RootfsMethod::OverlayUpper),
             checkpoint_ref: "ns/p/3".into(),
             tcp_established: true,
+            lazy: false,
         }));
         let s = serde_json::to_string(&plan).unwrap();
         assert_eq!(
@@ -435,7 +442,8 @@ mod tests {
                 image_dir: "/i".into(),
                 rootfs_method: None,
                 checkpoint_ref: "c".into(),
-                tcp_established: false
+                tcp_established: false,
+                lazy: false
             })
         );
         let e: ReportEvent =

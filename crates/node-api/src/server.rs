@@ -157,10 +157,17 @@ impl TestServer {
 
     /// Waits until at least `n` requests arrived (or `timeout`), and returns them.
     pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.wait_until(timeout, |r| r.len() >= n)
+    }
+
+    /// Waits until the requests received so far satisfy `done` (or `timeout`),
+    /// and returns them. Reports arrive in any order and beside other
+    /// requests, so a test waits for the ones it checks, not for a count.
+    pub fn wait_until(&self, timeout: Duration, done: impl Fn(&[Request]) -> bool) -> Vec<Request> {
         let until = Instant::now() + timeout;
         loop {
             let r = self.requests();
-            if r.len() >= n || Instant::now() >= until {
+            if done(&r) || Instant::now() >= until {
                 return r;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -192,6 +199,7 @@ mod tests {
             rootfs_method: Some(RootfsMethod::ChangedSinceStart),
             checkpoint_ref: "default/counter/7".into(),
             tcp_established: true,
+            lazy: false,
         }
     }
 

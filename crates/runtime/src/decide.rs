@@ -77,6 +77,9 @@ pub struct ImageFacts {
     /// The agent's verification stamp: `Ok(Some(checkpoint_ref))`, `Ok(None)` when absent,
     /// `Err(why)` when unreadable or untrusted.
     pub stamp: Result<Option<String>, String>,
+    /// `<image>/criu/lazy-pages.socket` exists: the agent's `criu lazy-pages` daemon listens
+    /// for a lazy plan's restore.
+    pub lazy_daemon: bool,
 }
 
 /// Checks a plan against the container it would restore into. `Err(reason)`: cold start.
@@ -136,6 +139,12 @@ pub fn accept(
             plan.image_dir.display()
         ));
     }
+    if plan.lazy && !image.lazy_daemon {
+        return Err(format!(
+            "the plan serves the memory lazily, but no lazy-pages daemon listens in {}/criu (the agent stopped serving it)",
+            plan.image_dir.display()
+        ));
+    }
     if plan.rootfs_method.is_some() && !image.rootfs_diff {
         return Err(format!(
             "{} lacks the filesystem changes (rootfs/diff.tar)",
@@ -160,8 +169,9 @@ pub fn accept(
 
 /// `runc <same global flags> restore --detach --image-path <image>/criu --work-path <work>
 /// [--bundle B] [--pid-file P] [--console-socket S] [--no-pivot] --file-locks
-/// [--tcp-established] <id>`. `--file-locks` matches the engine's checkpoints, which always
-/// dump with it.
+/// [--tcp-established] [--lazy-pages] <id>`. `--file-locks` matches the engine's checkpoints,
+/// which always dump with it; `--lazy-pages` (a lazy plan) leaves the memory to the agent's
+/// `criu lazy-pages` daemon, which listens in the work dir `<image>/criu`.
 pub fn restore_args(
     inv: &Invocation,
     c: &CreateArgs,
@@ -193,6 +203,9 @@ pub fn restore_args(
     a.push("--file-locks".into());
     if plan.tcp_established {
         a.push("--tcp-established".into());
+    }
+    if plan.lazy {
+        a.push("--lazy-pages".into());
     }
     a.push(id.into());
     a
@@ -241,6 +254,7 @@ mod tests {
                 rootfs_method: Some(RootfsMethod::ChangedSinceStart),
                 checkpoint_ref: "ref-1".into(),
                 tcp_established: true,
+                lazy: false,
             },
             expires_at_unix_ms: Some(2_000),
         }
@@ -251,6 +265,7 @@ mod tests {
             criu_inventory: true,
             rootfs_diff: true,
             stamp: Ok(Some("ref-1".into())),
+            lazy_daemon: false,
         }
     }
 
@@ -346,6 +361,18 @@ mod tests {
         let mut f = good();
         f.rootfs_diff = false;
         assert!(accept(&pf, "cid", &app(), 1_000, &f).is_ok());
+        // A lazy plan whose daemon is gone (the agent stopped serving it).
+        let mut pf = planfile();
+        pf.plan.lazy = true;
+        check(
+            pf.clone(),
+            app(),
+            good(),
+            "no lazy-pages daemon listens in /img/criu",
+        );
+        let mut f = good();
+        f.lazy_daemon = true;
+        assert!(accept(&pf, "cid", &app(), 1_000, &f).unwrap().lazy);
     }
 
     #[test]
@@ -365,6 +392,14 @@ mod tests {
         assert_eq!(
             s.join(" "),
             "--root=/R --systemd-cgroup restore --detach --image-path /img/criu --work-path /W --bundle /B --pid-file /P --console-socket /S --no-pivot --file-locks cid"
+        );
+        // A lazy plan: the memory comes from the agent's daemon in the work dir.
+        plan.lazy = true;
+        let a = restore_args(&i, &c, "cid", &plan, Path::new("/img/criu"));
+        let s: Vec<_> = a.iter().map(|x| x.to_str().unwrap()).collect();
+        assert!(
+            s.join(" ").ends_with("--work-path /img/criu --bundle /B --pid-file /P --console-socket /S --no-pivot --file-locks --lazy-pages cid"),
+            "{s:?}"
         );
         let d = delete_args(&i, "cid");
         assert_eq!(

@@ -144,6 +144,7 @@ mod tests {
                 rootfs_method: None,
                 checkpoint_ref: "l/1".into(),
                 tcp_established: false,
+                lazy: false,
             },
             expires_at_unix_ms: None,
         }

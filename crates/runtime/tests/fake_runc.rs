@@ -111,6 +111,7 @@ impl Fake {
                     rootfs_method: None,
                     checkpoint_ref: checkpoint_ref.into(),
                     tcp_established: true,
+                    lazy: false,
                 },
                 expires_at_unix_ms: None,
             },

@@ -18,7 +18,7 @@ use stasis_core::manifest::pod_container_dir;
 use stasis_engine::checkpoint::{checkpoint_pod, PodCheckpoint, PodMember};
 use stasis_engine::image::ImageDir;
 use stasis_node_api::planfile::{self, PlanFile, Skip};
-use stasis_node_api::{Plan, ReportEvent, RequestBody, PROTOCOL_VERSION};
+use stasis_node_api::{Plan, ReportEvent, Request, RequestBody, PROTOCOL_VERSION};
 use stasis_testkit::counter::last_count;
 use stasis_testkit::net::loopback_up;
 use stasis_testkit::World;
@@ -143,6 +143,7 @@ fn a_pod_restores_every_container_from_one_checkpoint_and_skips_its_init_contain
                     rootfs_method: cap.rootfs.as_ref().map(|r| r.method),
                     checkpoint_ref: CKPT.into(),
                     tcp_established: true,
+                    lazy: false,
                 },
                 expires_at_unix_ms: None,
             },
@@ -226,14 +227,16 @@ fn a_pod_restores_every_container_from_one_checkpoint_and_skips_its_init_contain
         std::fs::read_to_string(w.path("b-side/rootfs/side.txt")).unwrap(),
         "the sidecar wrote this"
     );
-    let r = srv.wait_for(2, Duration::from_secs(3));
+    let restored = |r: &[Request], name: &str| {
+        r.iter().any(|q| matches!(&q.body, RequestBody::Report(rep)
+            if rep.pod.container_name == name
+            && matches!(&rep.event, ReportEvent::Restored { checkpoint_ref, .. } if checkpoint_ref == CKPT)))
+    };
+    let r = srv.wait_until(Duration::from_secs(5), |r| {
+        restored(r, "app") && restored(r, "side")
+    });
     for name in ["app", "side"] {
-        assert!(
-            r.iter().any(|q| matches!(&q.body, RequestBody::Report(rep)
-                if rep.pod.container_name == name
-                && matches!(&rep.event, ReportEvent::Restored { checkpoint_ref, .. } if checkpoint_ref == CKPT))),
-            "{name}: {r:?}"
-        );
+        assert!(restored(&r, name), "{name}: {r:?}");
     }
     // No report for the skipped init container: it is neither restored nor a cold start.
     assert!(!r

@@ -15,7 +15,7 @@ use common::*;
 use stasis_engine::checkpoint::{checkpoint_container, ContainerCheckpoint};
 use stasis_engine::image::ImageDir;
 use stasis_node_api::planfile::{self, PlanFile};
-use stasis_node_api::{Plan, ReportEvent, RequestBody, RootfsMethod, PROTOCOL_VERSION};
+use stasis_node_api::{Plan, ReportEvent, Request, RequestBody, RootfsMethod, PROTOCOL_VERSION};
 use stasis_testkit::counter::last_count;
 use stasis_testkit::net::{ask_line_in, loopback_up};
 use stasis_testkit::World;
@@ -86,6 +86,7 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
                 rootfs_method: Some(RootfsMethod::OverlayUpper),
                 checkpoint_ref: "default/counter/a/1".into(),
                 tcp_established: true,
+                lazy: false,
             },
             expires_at_unix_ms: None,
         },
@@ -130,13 +131,13 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
         "the image layer is untouched"
     );
     assert!(!plans.join("pod_uid-b_app.json").exists());
-    let r = srv.wait_for(1, Duration::from_secs(3));
-    assert!(
+    let restored = |r: &[Request]| {
         r.iter().any(|q| matches!(&q.body, RequestBody::Report(rep)
             if rep.container_id == "c2" && rep.pod.pod_uid == "uid-b" && rep.pod.container_name == "app"
-            && matches!(rep.event, ReportEvent::Restored { .. }))),
-        "{r:?}"
-    );
+            && matches!(rep.event, ReportEvent::Restored { .. })))
+    };
+    let r = srv.wait_until(Duration::from_secs(5), restored);
+    assert!(restored(&r), "{r:?}");
     assert!(
         !r.iter()
             .any(|q| matches!(&q.body, RequestBody::Report(rep) if rep.container_id == "sb2")),

@@ -17,11 +17,18 @@
 //! total above the bound removes the least recently used entries until it fits. Processes that
 //! share the directory each keep their own index: the bound is kept by each of them for what it
 //! sees, and an entry another removed is a miss, never an error.
+//!
+//! Fetches into the cache are claimed (`ChunkCache::claim`): when a restore and a prefetch of
+//! the same checkpoint run at once in one process (the agent's stores share one cache), a chunk
+//! one of them is fetching is awaited by the other and then read from the cache, not fetched
+//! twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
 
 use crate::chunk::ChunkBuf;
 use crate::error::{Result, StoreError};
@@ -113,6 +120,42 @@ pub struct ChunkCache {
     io: DirectIo,
     max_bytes: u64,
     index: Mutex<Index>,
+    /// Chunks being fetched into the cache, by entry: what a second fetcher waits on.
+    in_flight: Mutex<HashMap<String, watch::Receiver<()>>>,
+}
+
+/// Who fetches a chunk the cache lacks ([`ChunkCache::claim`]).
+pub(crate) enum Claim {
+    /// The caller: it fetches the chunk, caches it, then drops this.
+    Fetch(InFlight),
+    /// Another fetcher in this process: wait with [`Claim::wait`], then read the cache.
+    Wait(watch::Receiver<()>),
+}
+
+impl Claim {
+    /// Waits until the other fetcher is done (cached the chunk, or failed).
+    pub(crate) async fn wait(mut rx: watch::Receiver<()>) {
+        // Nothing is ever sent: `changed` fails once the fetcher drops its claim.
+        while rx.changed().await.is_ok() {}
+    }
+}
+
+/// A claimed fetch: its entry leaves the fetches in flight, and those waiting wake, when this
+/// is dropped (after the caller cached the chunk, or gave up).
+pub(crate) struct InFlight {
+    cache: Arc<ChunkCache>,
+    entry: String,
+    _done: watch::Sender<()>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.cache
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.entry);
+    }
 }
 
 impl std::fmt::Debug for ChunkCache {
@@ -154,6 +197,7 @@ impl ChunkCache {
             io: DirectIo::new(dir.to_owned()),
             max_bytes,
             index: Mutex::new(index),
+            in_flight: Mutex::default(),
         };
         cache.evict();
         Ok(cache)
@@ -178,6 +222,23 @@ impl ChunkCache {
     /// Whether the index has the chunk (it may still have been removed by another process).
     pub fn contains(&self, key_id: &str, id: &str) -> bool {
         rel(key_id, id).is_some_and(|r| self.lock().entries.contains_key(&r))
+    }
+
+    /// Claims the fetch of a chunk: [`Claim::Fetch`] unless another fetch of it is in flight in
+    /// this process, then [`Claim::Wait`]; `None` for names that are not ids.
+    pub(crate) fn claim(self: &Arc<Self>, key_id: &str, id: &str) -> Option<Claim> {
+        let entry = rel(key_id, id)?;
+        let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(rx) = m.get(&entry) {
+            return Some(Claim::Wait(rx.clone()));
+        }
+        let (done, rx) = watch::channel(());
+        m.insert(entry.clone(), rx);
+        Some(Claim::Fetch(InFlight {
+            cache: self.clone(),
+            entry,
+            _done: done,
+        }))
     }
 
     /// The cached object of a chunk, at most `limit` bytes; `None` when absent (or unreadable,

@@ -24,6 +24,20 @@ pub enum StoreError {
     #[error("manifest {path} failed its integrity check ({reason}): it was modified or corrupted; refusing to use it")]
     ManifestTampered { path: String, reason: String },
 
+    /// A manifest read without its key (a prefetch) is not one: not an envelope of a known
+    /// format, a malformed key id, a manifest that does not parse or does not match its name.
+    #[error("manifest {path} cannot be read ({reason}): it is not a manifest stasis wrote, or it was damaged in the store")]
+    ManifestUnreadable { path: String, reason: String },
+
+    /// A prefetch of a checkpoint whose chunk objects could take more than the node's chunk
+    /// cache holds: fetching it would only evict its own first chunks.
+    #[error("checkpoint {reference} names up to {bytes} bytes of chunk objects, more than the chunk cache's bound of {limit} bytes; not prefetched")]
+    ExceedsCache {
+        reference: String,
+        bytes: u64,
+        limit: u64,
+    },
+
     /// The manifest is authentic but describes something this build refuses (schema, paths).
     #[error("manifest {path} is not usable: {source}")]
     ManifestInvalid {
@@ -152,7 +166,8 @@ impl StoreError {
     }
 
     /// True when the store's content is not what stasis wrote: a missing manifest of an exact
-    /// checkpoint, a manifest that fails its MAC, a missing, corrupt or oversized chunk. Callers
+    /// checkpoint, a manifest that fails its MAC (or, read without the key, is not a manifest),
+    /// a missing, corrupt or oversized chunk. Callers
     /// treat these as an alarm (an Event, a metric), not as a reason to fall back to an older
     /// checkpoint: a writer to the bucket without the keys can cause each of them.
     pub fn is_integrity_failure(&self) -> bool {
@@ -160,6 +175,7 @@ impl StoreError {
             self,
             StoreError::ManifestMissing { .. }
                 | StoreError::ManifestTampered { .. }
+                | StoreError::ManifestUnreadable { .. }
                 | StoreError::ChunkMissing { .. }
                 | StoreError::ChunkCorrupt { .. }
                 | StoreError::ObjectTooLarge { .. }

@@ -110,6 +110,10 @@ mod local;
 pub mod profile;
 pub mod progress;
 mod store;
+/// The manifest drafts of the integration tests, for the unit tests.
+#[cfg(test)]
+#[path = "../tests/common/draft.rs"]
+mod test_draft;
 
 pub use cache::{CacheStats, ChunkCache};
 pub use error::{Result, StoreError};

@@ -370,7 +370,7 @@ async fn s3_prefetch_fills_the_cache_and_a_later_heartbeat_adds_only_its_new_chu
     };
     let cache = Arc::new(ChunkCache::open(&tmp.path().join("cache"), 64 << 20).unwrap());
     let store = cached_store(&s3, &cache);
-    let r1 = store.prefetch(&key, &m1.reference()).await.unwrap();
+    let r1 = store.prefetch(&m1.reference()).await.unwrap();
     assert_eq!(
         (r1.chunks, r1.cached_already),
         (m1.stats.chunks, 0),
@@ -387,7 +387,7 @@ async fn s3_prefetch_fills_the_cache_and_a_later_heartbeat_adds_only_its_new_chu
         .put_checkpoint(&key, draft("w"), &img, &NoProgress)
         .await
         .unwrap();
-    let r2 = store.prefetch(&key, &m2.reference()).await.unwrap();
+    let r2 = store.prefetch(&m2.reference()).await.unwrap();
     assert_eq!(r2.fetched, m2.stats.new_chunks, "{r2:?} {:?}", m2.stats);
     assert!(r2.fetched < r2.chunks / 2, "{r2:?}");
 
@@ -395,10 +395,7 @@ async fn s3_prefetch_fills_the_cache_and_a_later_heartbeat_adds_only_its_new_chu
     delete_chunks(&s3, &key, &m2).await;
     let out = tmp.path().join("out");
     assert!(restore(&store, &key, &m2, &out).await.unwrap() == data);
-    assert_eq!(
-        store.prefetch(&key, &m2.reference()).await.unwrap().fetched,
-        0
-    );
+    assert_eq!(store.prefetch(&m2.reference()).await.unwrap().fetched, 0);
     // Without a cache there is nothing to fill.
-    assert!(s3.store.prefetch(&key, &m2.reference()).await.is_err());
+    assert!(s3.store.prefetch(&m2.reference()).await.is_err());
 }

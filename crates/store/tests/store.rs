@@ -294,6 +294,8 @@ fn store_futures_are_send() {
     assert_send(&list);
     let latest = store.read_latest_valid(&key, &r.workload);
     assert_send(&latest);
+    let prefetch = store.prefetch(&r);
+    assert_send(&prefetch);
 }
 
 /// ENOSPC on a real, tiny tmpfs: the put fails with NoSpace, publishes nothing, and the

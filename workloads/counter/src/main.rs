@@ -28,8 +28,6 @@
 //!
 //! Exit codes: 0 on SIGTERM/SIGINT, 2 on bad configuration.
 
-#![allow(unsafe_code)] // sigaction
-
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -47,31 +45,12 @@ static OOM: AtomicBool = AtomicBool::new(false);
 static COUNT: AtomicU64 = AtomicU64::new(0);
 static CORRUPT: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_term(_: libc::c_int) {
-    TERM.store(true, SeqCst);
-}
-extern "C" fn on_check(_: libc::c_int) {
-    CHECK.store(true, SeqCst);
-}
-extern "C" fn on_dirty(_: libc::c_int) {
-    DIRTY.store(true, SeqCst);
-}
-extern "C" fn on_oom(_: libc::c_int) {
-    OOM.store(true, SeqCst);
-}
-
-fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) {
-    // SAFETY: the handlers only store to atomics (async-signal-safe, no allocation); the
-    // sigaction struct is fully initialised (zeroed, then the fields we need).
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
-            eprintln!("stasis-counter: sigaction({sig}) failed");
-            std::process::exit(2);
-        }
+/// `sig` sets `flag` (signal-hook's handler stores to the atomic and nothing else; SA_RESTART,
+/// so the sleeps and writes of the main loop are not cut short).
+fn install(sig: libc::c_int, flag: &'static AtomicBool) {
+    if let Err(e) = signal_hook::flag::register(sig, flag) {
+        eprintln!("stasis-counter: cannot handle signal {sig}: {e}");
+        std::process::exit(2);
     }
 }
 
@@ -127,11 +106,11 @@ fn main() {
         }
     };
 
-    install(libc::SIGTERM, on_term);
-    install(libc::SIGINT, on_term);
-    install(libc::SIGUSR1, on_check);
-    install(libc::SIGUSR2, on_dirty);
-    install(libc::SIGRTMIN(), on_oom);
+    install(libc::SIGTERM, &TERM);
+    install(libc::SIGINT, &TERM);
+    install(libc::SIGUSR1, &CHECK);
+    install(libc::SIGUSR2, &DIRTY);
+    install(libc::SIGRTMIN(), &OOM);
 
     let started = Instant::now();
     let mut state = State::new(cfg.state_mb, cfg.block_kb);

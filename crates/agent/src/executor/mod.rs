@@ -9,17 +9,24 @@
 //!   checkpoint's deadline decision);
 //! - `kept`: the reference to the latest checkpoint kept on the node, and the restart in place
 //!   prepared from it;
+//! - `lazy`: restores whose memory the agent serves after the container runs (lazy pages), and
+//!   the choice of a full restore where they cannot apply;
+//! - `members`: a pod restore of several containers kept in step when one of them starts cold;
 //! - `plans`: the plan files the wrapper reads, and the sweep of stale ones;
 //! - `pod`: which containers a pod checkpoint holds and a restore prepares.
 
 mod checkpoint;
 mod history;
 mod kept;
+mod lazy;
+mod members;
 mod plans;
 mod pod;
 mod prepare;
 
 pub use kept::{KeptLatest, NotInPlace};
+pub use lazy::{LazyFailure, LazyRestore};
+pub use members::OutOfStep;
 pub use pod::PodLayout;
 pub use prepare::{check_compatible, verify_digest};
 
@@ -175,6 +182,10 @@ pub struct Executor {
     finals: std::sync::Mutex<std::collections::HashMap<String, FinalCapture>>,
     /// Each pod's recent checkpoints ([`Executor::final_decision`]).
     history: history::Histories,
+    /// The lazy restores this agent serves (off until [`Executor::set_lazy_restore`]).
+    lazy: lazy::LazyRestores,
+    /// The pod restores of several containers not yet all restored ([`Executor::member_cold`]).
+    in_step: members::PodRestores,
 }
 
 /// A termination checkpoint's capture of a pod.
@@ -266,6 +277,8 @@ impl Executor {
             metrics,
             finals: Default::default(),
             history: Default::default(),
+            lazy: Default::default(),
+            in_step: Default::default(),
         }
     }
 

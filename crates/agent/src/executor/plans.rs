@@ -101,7 +101,11 @@ impl Executor {
             c.push(".consumed");
             let _ = std::fs::remove_file(PathBuf::from(c));
         }
-        if safe_component(pod_uid) && safe_component(container_name) {
+        // A container running on a lazy restore's images: they go when its pages are in.
+        if safe_component(pod_uid)
+            && safe_component(container_name)
+            && !self.release_lazy(pod_uid, container_name)
+        {
             let d = self.pod_images(pod_uid);
             let _ = std::fs::remove_dir_all(d.join(container_name));
             let _ = std::fs::remove_dir(d);
@@ -110,6 +114,8 @@ impl Executor {
 
     /// Removes consumed plans, and the plans and images of pods no longer on this node.
     pub fn sweep(&self, live_pod_uids: &HashSet<String>) {
+        self.cancel_lazy_gone(live_pod_uids);
+        self.members_settled(live_pod_uids);
         if let Ok(rd) = std::fs::read_dir(&self.cfg.plans_dir) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -190,6 +196,7 @@ mod tests {
                 rootfs_method: None,
                 checkpoint_ref: "l/1".into(),
                 tcp_established: true,
+                lazy: false,
             },
             expires_at_unix_ms: Some(expires),
         };

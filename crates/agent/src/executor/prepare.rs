@@ -14,7 +14,7 @@ use stasis_engine::node;
 use stasis_node_api::planfile::{self};
 use stasis_node_api::Plan;
 use stasis_store::NoProgress;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::{AgentError, Result};
 
@@ -45,6 +45,7 @@ impl Executor {
             }
         }
         let names: Vec<&str> = fetched.iter().map(|f| f.container_name.as_str()).collect();
+        self.restoring_members(&job.pod_uid, &names);
         info!(checkpoint_ref = %first.plan.checkpoint_ref, pod_uid = %job.pod_uid, containers = ?names, fetch_ms = first.fetch_ms, "restore prepared");
         Ok(Prepared {
             checkpoint_ref: first.plan.checkpoint_ref.clone(),
@@ -107,6 +108,17 @@ impl Executor {
         let pod_dir = self.pod_images(&job.pod_uid);
         private_dir(&self.cfg.images_dir)?;
         private_dir(&pod_dir)?;
+        // Lazily where the checkpoint and the node allow it: the container runs before its
+        // memory has arrived (DESIGN §6.2a); otherwise, or when that cannot start, in full.
+        match self.lazy_choice(&manifest) {
+            Ok(()) => match self.stage_lazy_all(job, &key, &manifest, &names) {
+                Ok(f) => return Ok(f),
+                Err(e) => {
+                    warn!(reference = %exact, error = %e, "the lazy restore could not start: restoring in full")
+                }
+            },
+            Err(why) => info!(reference = %exact, %why, "restoring in full"),
+        }
         let fetch_dir = pod_dir.join(format!(".fetch-{}-{:08x}", names[0], rand::random::<u32>()));
         private_dir(&fetch_dir)?;
         let t = Instant::now();
@@ -130,10 +142,7 @@ impl Executor {
         };
         let fetch_ms = ms(t);
         let checkpoint_ref = exact.to_string();
-        let tcp = manifest
-            .labels
-            .get(label::TCP_ESTABLISHED)
-            .is_none_or(|v| v == "true");
+        let tcp = restores_established_tcp(&manifest);
         let mut out = Vec::with_capacity(names.len());
         for name in names {
             let (src, rootfs, gpu_processes) = match &index {
@@ -176,6 +185,7 @@ impl Executor {
                     rootfs_method: rootfs.map(|r| r.method),
                     checkpoint_ref: checkpoint_ref.clone(),
                     tcp_established: tcp,
+                    lazy: false,
                 },
                 container_name: name,
                 fetch_ms,
@@ -201,16 +211,32 @@ fn read_index(dir: &std::path::Path, manifest: &Manifest) -> Result<Option<PodIn
     }
     let path = dir.join(POD_INDEX_FILE);
     let raw = std::fs::read(&path).map_err(AgentError::io(&path))?;
-    let index: PodIndex = serde_json::from_slice(&raw)
+    parse_index(&raw, manifest).map(Some)
+}
+
+/// A pod checkpoint's index from its bytes (fetched with the files, or read through the store
+/// by a lazy restore), checked against its manifest: it names the manifest's containers.
+pub(super) fn parse_index(raw: &[u8], manifest: &Manifest) -> Result<PodIndex> {
+    let exact = manifest.reference();
+    let index: PodIndex = serde_json::from_slice(raw)
         .map_err(|e| AgentError::Invalid(format!("{exact}: its pod index: {e}")))?;
     index
         .check(manifest)
         .map_err(|e| AgentError::Invalid(format!("{exact}: {e}")))?;
-    Ok(Some(index))
+    Ok(index)
 }
 
 /// Refuses a manifest whose digest is not the one the controller recorded for the checkpoint
 /// (`job.manifest_digest`; nothing to check when `None`).
+/// Whether a restore of `manifest` restores its established TCP connections: as its checkpoint
+/// dumped them (a checkpoint without the label, from before it, did).
+pub(super) fn restores_established_tcp(manifest: &Manifest) -> bool {
+    manifest
+        .labels
+        .get(label::TCP_ESTABLISHED)
+        .is_none_or(|v| v == "true")
+}
+
 pub fn verify_digest(manifest: &Manifest, job: &PrepareJob) -> Result<()> {
     let Some(recorded) = &job.manifest_digest else {
         return Ok(());

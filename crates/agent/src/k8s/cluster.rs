@@ -10,13 +10,13 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use stasis_api::{CheckpointPolicy, PodRestore, RestorePhase};
-use stasis_node_api::{ReportEvent, ReportRequest};
+use stasis_node_api::{PodRef, ReportEvent, ReportRequest};
 use tokio::runtime::Handle;
 use tracing::warn;
 
 use super::{is_status, pod_info, MANAGER};
 use crate::error::{AgentError, Result};
-use crate::executor::{CheckpointOutcome, Executor, NotInPlace};
+use crate::executor::{CheckpointOutcome, Executor, NotInPlace, OutOfStep};
 use crate::fence::{self, RecordFacts, Stamp, Verdict};
 use crate::node::{Cluster, PodInfo};
 use crate::status::{self, PodKey};
@@ -39,6 +39,19 @@ pub struct KubeCluster {
 impl KubeCluster {
     pub(crate) fn pod_by_uid(&self, uid: &str) -> Option<Arc<Pod>> {
         self.pods.find(|p| p.metadata.uid.as_deref() == Some(uid))
+    }
+
+    /// A reported pod's key: by its UID from the pods on this node, else as the report names it.
+    fn key_of(&self, pod: &PodRef) -> Option<PodKey> {
+        match self.pod_by_uid(&pod.pod_uid) {
+            Some(p) => Some(self.info(&p).key),
+            None if !pod.pod_name.is_empty() => Some(PodKey {
+                namespace: pod.pod_namespace.clone(),
+                name: pod.pod_name.clone(),
+                uid: pod.pod_uid.clone(),
+            }),
+            None => None,
+        }
     }
 
     pub(crate) fn pod_by_name(&self, ns: &str, name: &str) -> Option<Arc<Pod>> {
@@ -237,15 +250,16 @@ impl Cluster for KubeCluster {
             .block_on(self.emit(&pod.key, skipped, message, true));
     }
 
+    fn out_of_step(&self, pod: &PodRef, what: &OutOfStep) {
+        if let Some(key) = self.key_of(pod) {
+            self.rt
+                .block_on(self.emit(&key, reason::COLD_START, &what.message(), true));
+        }
+    }
+
     fn report(&self, req: &ReportRequest) {
-        let key = match self.pod_by_uid(&req.pod.pod_uid) {
-            Some(p) => self.info(&p).key,
-            None if !req.pod.pod_name.is_empty() => PodKey {
-                namespace: req.pod.pod_namespace.clone(),
-                name: req.pod.pod_name.clone(),
-                uid: req.pod.pod_uid.clone(),
-            },
-            None => return,
+        let Some(key) = self.key_of(&req.pod) else {
+            return;
         };
         self.rt.block_on(async {
             let restore = self.restore_of(&key).await;

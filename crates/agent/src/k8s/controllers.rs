@@ -26,6 +26,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use stasis_api::{CheckpointPhase, CheckpointPolicy, PodCheckpoint, PodRestore, RestorePhase};
+use stasis_service::admin::Readiness;
 use stasis_service::shutdown::Shutdown;
 use tokio::runtime::Handle;
 use tracing::{debug, info, instrument, warn};
@@ -304,13 +305,16 @@ where
 }
 
 /// Starts the reflectors and, once the pods of this node are known, the controllers, on the
-/// current runtime; they stop taking new work on `shutdown`.
+/// current runtime; they stop taking new work on `shutdown`. `ready` is set once every cache the
+/// agent reads has its first complete list: the node's pods, the `CheckpointPolicy`s and the
+/// controllers' `PodCheckpoint`s and `PodRestore`s.
 pub async fn start(
     client: Client,
     settings: KubeSettings,
     exec: Arc<Executor>,
     busy: Arc<Busy>,
     shutdown: Shutdown,
+    ready: Readiness,
 ) -> Result<Running> {
     let (pods, pods_writer) = reflector::store_shared::<Pod>(POD_EVENTS_BUFFER);
     // (subscribed before the reflector runs: no event reaches the store without them)
@@ -351,7 +355,7 @@ pub async fn start(
         namespace: settings.namespace.clone(),
         runtime_class: settings.runtime_class.clone(),
         pods: pods.clone(),
-        policies,
+        policies: policies.clone(),
         exec: exec.clone(),
     });
     let pool = |name| {
@@ -371,13 +375,13 @@ pub async fn start(
         failures: Mutex::default(),
     });
     let pods_ready = Arc::new(AtomicBool::new(false));
-    let ready = pods_ready.clone();
+    let pods_known = pods_ready.clone();
     tokio::spawn(async move {
         tokio::select! {
             _ = stasis_api::cache::wait_ready(&pods) => {}
             _ = shutdown.wait() => return,
         }
-        ready.store(true, Ordering::SeqCst);
+        pods_known.store(true, Ordering::SeqCst);
         info!(pods = pods.state().len(), "pods of this node known");
         // Before the controllers: their first reconciles must see what to resume.
         *ctx.resume.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -388,19 +392,43 @@ pub async fn start(
             |c: &PodCheckpoint| c.spec.source_pod_name.as_str(),
             phase_is_pending_ckpt,
             &shutdown,
-        )
-        .run(reconcile_checkpoint, error_policy, ctx.clone())
-        .for_each(drain("PodCheckpoint"));
+        );
         let restores = with_pod_triggers(
             ctx.client(),
             restore_pod_events,
             |r: &PodRestore| r.spec.target_pod_name.as_str(),
             restore_to_prepare,
             &shutdown,
-        )
-        .run(reconcile_restore, error_policy, ctx.clone())
-        .for_each(drain("PodRestore"));
-        tokio::join!(checkpoints, restores);
+        );
+        // (the controllers' own stores fill as their streams run: awaited beside them)
+        let synced = {
+            let (ckpts, restores) = (checkpoints.store(), restores.store());
+            let shutdown = shutdown.clone();
+            async move {
+                let caches = async {
+                    stasis_api::cache::wait_ready(&policies).await;
+                    stasis_api::cache::wait_ready(&ckpts).await;
+                    stasis_api::cache::wait_ready(&restores).await;
+                };
+                tokio::select! {
+                    _ = caches => {}
+                    _ = shutdown.wait() => return,
+                }
+                ready.set(true);
+                info!(
+                    checkpoints = ckpts.state().len(),
+                    restores = restores.state().len(),
+                    "caches synced: ready"
+                );
+            }
+        };
+        let checkpoints = checkpoints
+            .run(reconcile_checkpoint, error_policy, ctx.clone())
+            .for_each(drain("PodCheckpoint"));
+        let restores = restores
+            .run(reconcile_restore, error_policy, ctx.clone())
+            .for_each(drain("PodRestore"));
+        tokio::join!(checkpoints, restores, synced);
     });
     Ok(Running {
         cluster,

@@ -11,6 +11,10 @@
 //! - the wrapper's reports → `PodRestore` `Restored` / `ColdStart` and a pod Event;
 //! - the node labels (`stasis.dev/ready` and the fingerprint labels), refreshed periodically and
 //!   `ready` removed on shutdown;
+//! - the `Eviction`s of the pods of this node, answered as an eviction responder
+//!   ([`eviction_request`]);
+//! - pre-staging: other nodes' checkpoints fetched into this node's chunk cache while their
+//!   node is at risk ([`prestage`]);
 //! - namespace data keys from Secrets in stasis's namespace, created if absent (create-only:
 //!   the first writer wins, a loser reads the winner's key).
 //!
@@ -21,9 +25,11 @@
 mod cluster;
 mod controllers;
 mod data_keys;
+pub mod eviction_request;
 mod jobs;
 mod node_labels;
 mod pod_facts;
+pub mod prestage;
 mod status_writer;
 
 pub use cluster::KubeCluster;

@@ -7,9 +7,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use stasis_agent::executor::{Executor, ExecutorConfig, StaticKey};
@@ -50,6 +49,16 @@ pub fn pod_bundle(w: &World, name: &str, env: &[&str], pod_uid: &str, pod_name: 
 /// An executor on the world's runc root, over a `file://` store in it.
 pub fn executor(w: &World, rt: &tokio::runtime::Runtime) -> Arc<Executor> {
     let store = Store::open(&format!("file://{}", w.path("store").display())).unwrap();
+    executor_on(w, rt, store, Key::random())
+}
+
+/// An executor on the world's runc root, over `store` with the data key `key`.
+pub fn executor_on(
+    w: &World,
+    rt: &tokio::runtime::Runtime,
+    store: Store,
+    key: Key,
+) -> Arc<Executor> {
     Arc::new(Executor::new(
         ExecutorConfig {
             runc_root: w.runc_root.clone(),
@@ -62,7 +71,7 @@ pub fn executor(w: &World, rt: &tokio::runtime::Runtime) -> Arc<Executor> {
             keep_latest: true,
         },
         Arc::new(store),
-        Arc::new(StaticKey(Key::random())),
+        Arc::new(StaticKey(key)),
         rt.handle().clone(),
         Arc::new(Metrics::default()),
     ))
@@ -140,6 +149,36 @@ pub fn wrapper_create_start(w: &mut World, bundle: &Path, id: &str) -> mpsc::Rec
     rx
 }
 
+/// Waits, at most `secs`, until `f` holds (polling every 50 ms).
+pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Asks the counter of container `id` (started by [`wrapper_create_start`]) to check all of its
+/// state (SIGUSR1; its answer on its stderr, the file `create` was given): it must be intact.
+pub fn assert_full_check(w: &World, id: &str) {
+    let pid = w.pid(id);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGUSR1).unwrap();
+    let stderr = w.path(&format!("{id}.stderr"));
+    let full_check = || {
+        std::fs::read_to_string(&stderr)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("full-check"))
+            .map(str::to_owned)
+    };
+    wait_for("the full check", 30, || full_check().is_some());
+    let check = full_check().unwrap();
+    assert!(check.ends_with("state=ok"), "{id}: {check}");
+}
+
 /// The first count a (restored) container prints, which must say `state=ok`.
 pub fn first_count(rx: &mpsc::Receiver<String>) -> u64 {
     loop {
@@ -157,8 +196,7 @@ pub fn first_count(rx: &mpsc::Receiver<String>) -> u64 {
 /// `stasis-runc` reaches it.
 pub struct AgentServer {
     pub sock: PathBuf,
-    stop: Arc<AtomicBool>,
-    server: Option<JoinHandle<()>>,
+    server: Option<stasis_agent::server::Server>,
 }
 
 impl AgentServer {
@@ -171,10 +209,9 @@ impl AgentServer {
             busy: Arc::new(Busy::default()),
         });
         let stop = Arc::new(AtomicBool::new(false));
-        let server = stasis_agent::server::serve(listener, agent, stop.clone());
+        let server = stasis_agent::server::serve(listener, agent, stop).unwrap();
         Self {
             sock,
-            stop,
             server: Some(server),
         }
     }
@@ -182,10 +219,8 @@ impl AgentServer {
 
 impl Drop for AgentServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        stasis_agent::server::wake(&self.sock);
         if let Some(s) = self.server.take() {
-            let _ = s.join();
+            s.stop();
         }
     }
 }

@@ -2,7 +2,7 @@
 //! them (KEP-2008), read by checkpointctl; the format is the engine's `upstream` module.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -22,29 +22,75 @@ use crate::progress::Bars;
 use crate::scratch::ScratchDir;
 use crate::signals;
 
+/// An archive written: what `stasis export` and `kubectl stasis export` report.
 #[derive(Debug, Serialize)]
-struct Exported {
-    reference: String,
-    file: PathBuf,
+pub struct Exported {
+    pub reference: String,
+    pub file: PathBuf,
     #[serde(flatten)]
-    report: ExportReport,
+    pub report: ExportReport,
+}
+
+impl Exported {
+    /// The summary both commands print.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "exported {} to {} ({}, {} CRIU files",
+            self.reference,
+            self.file.display(),
+            bytes(self.report.bytes),
+            self.report.images
+        );
+        if self.report.rootfs_entries > 0 || self.report.deletions_left_out {
+            s.push_str(&format!(
+                ", filesystem changes: {} entries, {} deletions",
+                self.report.rootfs_entries, self.report.rootfs_whiteouts
+            ));
+        }
+        s.push(')');
+        if self.report.deletions_left_out {
+            s.push_str("\nnote: the container's rootfs was a plain directory: the archive carries its changed files, not its deletions");
+        }
+        s
+    }
 }
 
 pub fn export(args: ExportArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
     let _orderly = signals::Orderly::enter();
     let opened = Opened::new(&args.store, &args.reference)?;
+    let out = export_archive(
+        &opened,
+        args.container.as_deref(),
+        args.file.clone(),
+        &args.work_dir,
+        bars,
+    )?;
+    output::emit(&out, || out.summary());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the KEP-2008 archive of `opened`'s checkpoint (for a pod checkpoint: of `container`,
+/// which it must name) to `file` (refusing to overwrite; default: the name the kubelet gives
+/// such an archive, `checkpoint-<pod>_<namespace>-<container>-<time>.tar`, in the current
+/// directory), fetching the checkpoint into a scratch directory under `work_dir` that is
+/// removed afterwards. The export of both `stasis export`
+/// and `kubectl stasis export`.
+pub fn export_archive(
+    opened: &Opened,
+    container: Option<&str>,
+    file: Option<PathBuf>,
+    work_dir: &Path,
+    bars: &Bars,
+) -> anyhow::Result<Exported> {
     let exact = opened.manifest.reference();
-    let chosen = pod::choose(&opened.manifest, args.container.as_deref(), "export")?;
-    let file = args
-        .file
-        .clone()
-        .unwrap_or_else(|| default_name(&opened.manifest, chosen.as_deref()));
+    let chosen = pod::choose(&opened.manifest, container, "export")?;
+    let file = file.unwrap_or_else(|| default_name(&opened.manifest, chosen.as_deref()));
     if file.exists() {
         anyhow::bail!("{} exists: choose another --file", file.display());
     }
-    let scratch = ScratchDir::new(&args.work_dir, "export")?;
+    let scratch = ScratchDir::new(work_dir, "export")?;
     // A pod checkpoint's container is exported as the one-container checkpoint it is part of.
-    let fetched = pod::fetch(&opened, chosen.as_deref(), &scratch.path, bars)?;
+    let fetched = pod::fetch(opened, chosen.as_deref(), &scratch.path, bars)?;
     let manifest = &fetched.manifest;
     let info = ExportInfo::of(manifest);
     let spinner = bars.spinner("writing the archive");
@@ -60,32 +106,11 @@ pub fn export(args: ExportArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         let _ = std::fs::remove_file(&file);
     })?;
     spinner.finish_and_clear();
-    let out = Exported {
+    Ok(Exported {
         reference: exact.to_string(),
         file,
         report,
-    };
-    output::emit(&out, || {
-        let mut s = format!(
-            "exported {} to {} ({}, {} CRIU files",
-            out.reference,
-            out.file.display(),
-            bytes(out.report.bytes),
-            out.report.images
-        );
-        if out.report.rootfs_entries > 0 || out.report.deletions_left_out {
-            s.push_str(&format!(
-                ", filesystem changes: {} entries, {} deletions",
-                out.report.rootfs_entries, out.report.rootfs_whiteouts
-            ));
-        }
-        s.push(')');
-        if out.report.deletions_left_out {
-            s.push_str("\nnote: the container's rootfs was a plain directory: the archive carries its changed files, not its deletions");
-        }
-        s
-    });
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// `checkpoint-<pod>_<namespace>-<container>-<time>.tar`, as the kubelet names it (the

@@ -1,6 +1,6 @@
 //! `stasis doctor`: is this machine ready to checkpoint and restore, and if not, what to do.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use serde::Serialize;
@@ -170,15 +170,14 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     checks.push(check("gpu", false, gpu_check()));
 
     checks.push(check("runtime handler", false, {
-        let dropins = ["/etc/containerd/conf.d", "/etc/containerd/config.d"];
-        let found = dropins.iter().any(|d| {
-            std::fs::read_dir(d).is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().contains("stasis")))
-        });
-        if found {
-            Ok("containerd has the stasis runtime handler".into())
-        } else {
-            Err(("the stasis runtime handler is not registered with containerd (only needed on Kubernetes nodes)".into(), "install the stasis Helm chart; its node installer registers it".into()))
-        }
+        use stasis_engine::containerd::{handler_check, DEFAULT_CONFIGS, DEFAULT_RUNTIME_BINARY};
+        let configs = DEFAULT_CONFIGS.map(PathBuf::from);
+        handler_check(&configs, Path::new(DEFAULT_RUNTIME_BINARY)).map_err(|why| {
+            (
+                format!("{why} (only needed on Kubernetes nodes)"),
+                "install the stasis Helm chart; its node installer registers it".into(),
+            )
+        })
     }));
 
     if let Some(url) = &args.store {

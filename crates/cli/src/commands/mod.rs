@@ -1,6 +1,6 @@
 //! One module per command; [`run`] dispatches.
 
-mod archive;
+pub mod archive;
 mod checkpoint;
 mod doctor;
 mod gc;
@@ -99,7 +99,7 @@ pub(crate) fn open_store(args: &StoreArgs, access: Access) -> anyhow::Result<(Ke
 }
 
 /// A reader's start: the key, the store, a runtime, and the manifest a reference names.
-pub(crate) struct Opened {
+pub struct Opened {
     pub key: Key,
     pub store: Store,
     pub rt: tokio::runtime::Runtime,
@@ -108,8 +108,14 @@ pub(crate) struct Opened {
 
 impl Opened {
     pub(crate) fn new(args: &StoreArgs, reference: &str) -> anyhow::Result<Self> {
-        let reference: stasis_core::CheckpointRef = reference.parse()?;
         let (key, store) = open_store(args, Access::Read)?;
+        Self::with(key, store, reference)
+    }
+
+    /// A reader's start with the key and store in hand (`kubectl stasis export`: a namespace's
+    /// data key). Its own runtime: not to be called on one.
+    pub fn with(key: Key, store: Store, reference: &str) -> anyhow::Result<Self> {
+        let reference: stasis_core::CheckpointRef = reference.parse()?;
         let rt = runtime()?;
         let manifest = rt.block_on(store.read_manifest(&key, &reference))?;
         Ok(Self {

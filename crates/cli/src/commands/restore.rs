@@ -21,6 +21,9 @@ use crate::progress::Bars;
 use crate::scratch::ScratchDir;
 use crate::signals;
 
+#[path = "restore_lazy.rs"]
+mod lazy;
+
 #[derive(Debug, Serialize)]
 struct Report {
     reference: String,
@@ -37,6 +40,9 @@ struct Report {
     /// stasis's GPU steps (driver load, restore, unlock), when the checkpoint had CUDA processes.
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu: Option<stasis_engine::cuda::GpuRestoreReport>,
+    /// A lazy restore: when the container ran, when its last page was in place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lazy: Option<restore::lazy::LazyReport>,
 }
 
 pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
@@ -56,6 +62,9 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let chosen = pod::choose(&opened.manifest, args.container.as_deref(), "restore")?;
+    if args.lazy && chosen.is_some() {
+        bail!("{exact} is a pod checkpoint: --lazy restores single-container checkpoints only");
+    }
 
     // Refuse before fetching anything or touching runc: nothing is left behind.
     let image_digest = match (&args.image_digest, &args.bundle) {
@@ -119,7 +128,10 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         None => {
             let scratch = ScratchDir::new(&args.work_dir, "restore")?;
             let t = Instant::now();
-            opened.fetch(&scratch.path, bars)?;
+            // A lazy restore fetches as it restores.
+            if !args.lazy {
+                opened.fetch(&scratch.path, bars)?;
+            }
             (scratch, t.elapsed().as_millis() as u64)
         }
     };
@@ -137,6 +149,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             processes: manifest.gpu_processes,
             recorded,
         });
+    let mut lazy_report = None;
     let (restored_as, restored, tcp_decision) = if args.process {
         let (r, decision) = restore::restore_process_tcp(&image, args.log.as_deref(), gpu, !tcp)
             .map_err(|e| keep_failure_logs(e, &scratch))?;
@@ -161,7 +174,7 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             .is_some()
             .then(|| Marker::write(bundle, new_id, &exact.to_string(), source_container))
             .transpose()?;
-        let r = restore::restore_container_reporting(&ContainerRestore {
+        let req = ContainerRestore {
             runc: &runc,
             new_id,
             bundle,
@@ -170,7 +183,23 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             tcp_established: decision.keeps(),
             stdio_log: Some(&log),
             gpu,
-        })
+            // the lazy restore sets it, once its page server runs
+            lazy_pages: false,
+        };
+        let r = if args.lazy {
+            lazy::restore(&opened, &args.store, manifest, &req, |r, ms| {
+                spinner.set_message(format!(
+                    "running (pid {}) after {ms} ms; its memory arriving",
+                    r.pid
+                ));
+            })?
+            .map(|(r, report)| {
+                lazy_report = Some(report);
+                r
+            })
+        } else {
+            restore::restore_container_reporting(&req)
+        }
         .map_err(|e| {
             // Refused before its rootfs was touched: the bundle is as fresh as it was.
             if let (
@@ -200,9 +229,22 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
         peak_rss_bytes: peak_rss_bytes(),
         tcp: tcp_decision,
         gpu: restored.gpu,
+        lazy: lazy_report,
     };
     output::emit(&report, || {
-        format!(
+        match &report.lazy {
+        Some(l) => format!(
+            "restored {} as {} (pid {}) lazily: running after {} ms ({} fetched first), all {} in place after {} ms; {}",
+            report.reference,
+            report.restored_as,
+            report.pid,
+            l.running_ms,
+            bytes(l.staged_bytes),
+            bytes(report.bytes),
+            l.resident_ms,
+            report.tcp.describe()
+        ),
+        None => format!(
             "restored {} as {} (pid {}): fetched {} in {} ms, restored in {} ms; {}",
             report.reference,
             report.restored_as,
@@ -211,7 +253,8 @@ pub fn run(args: RestoreArgs, bars: &Bars) -> anyhow::Result<ExitCode> {
             report.fetch_ms,
             report.restore_ms,
             report.tcp.describe()
-        )
+        ),
+    }
     });
     Ok(ExitCode::SUCCESS)
 }

@@ -26,6 +26,7 @@ use stasis_core::lineage::{claim, claim_wait, Lineage, RestoreChoice};
 use stasis_core::podspec::{unsafe_volumes, SpecHash};
 use stasis_core::reference::WorkloadName;
 
+use crate::cache::Checkpoints;
 use crate::holder::holder_state;
 use crate::record::{refresh, Holder, Record, Records};
 use crate::{now_ms, Error, Result};
@@ -128,6 +129,8 @@ pub fn restore_inputs(
 pub struct Stores<'a> {
     pub client: &'a Client,
     pub records: &'a Records,
+    /// The process's `PodCheckpoint` cache (every replica keeps one).
+    pub checkpoints: &'a Checkpoints,
     /// A claim whose pod has not appeared after this long is released (holder refreshes).
     pub phantom_after: Duration,
 }
@@ -148,12 +151,16 @@ pub async fn claim_and_decide(
     mode: &Mode,
 ) -> Result<Claimed> {
     let pods_api = Api::<Pod>::namespaced(at.client.clone(), ns);
-    let cks_api = Api::<PodCheckpoint>::namespaced(at.client.clone(), ns);
     let started = Instant::now();
     let phantom = at.phantom_after.as_millis() as u64;
     let commit = matches!(mode, Mode::Commit { .. });
     'attempt: for _attempt in 0..50 {
-        let mut recs = at.records.of_workload(workload).await?;
+        // At admission the records and holder pods may come from the API server's watch
+        // cache as it is: the answer is a prediction that the commit makes again from fresh
+        // reads and stores by a write at the record's version. The cache is not behind what
+        // matters here in practice: the workload controller creating this pod saw its
+        // predecessor stop through the same cache.
+        let mut recs = at.records.of_workload(workload, commit).await?;
         if let Mode::Commit { uid, .. } = mode {
             // Committed already (the reconciler's cache lags behind its own write), or the
             // token is another pod's.
@@ -168,20 +175,18 @@ pub async fn claim_and_decide(
                 return Ok(Claimed::Impostor(Box::new(r.clone())));
             }
         }
-        let checkpoints = cks_api.list(&ListParams::default()).await?.items;
+        let (mut checkpoints, from_cache) = workload_checkpoints(at, ns, &recs).await?;
         let now = now_ms();
         // Bring the records up to date with their holders (orphaning stopped pods, noting
         // in-flight final checkpoints), remembering the holder pods: one may be the source.
         let mut holder_pods: BTreeMap<usize, Pod> = BTreeMap::new();
+        let pods = holder_candidates(&pods_api, &recs, commit).await?;
         for (i, r) in recs.iter_mut().enumerate() {
-            let Some(token) = r.lineage.holder.clone() else {
-                continue;
-            };
-            if r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none() {
+            if r.lineage.holder.is_none()
+                || (r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none())
+            {
                 continue;
             }
-            let lp = ListParams::default().labels(&format!("{}={token}", names::CLAIM_TOKEN));
-            let pods = pods_api.list(&lp).await?.items;
             let (state, holder_pod) =
                 holder_state(r, &pods, &checkpoints, policy.spec.on_termination);
             if let Some(p) = holder_pod {
@@ -283,6 +288,19 @@ pub async fn claim_and_decide(
         if let Some(RestoreChoice::Checkpoint { id, .. }) = inputs.claim.as_ref().map(|c| &c.choice)
         {
             let reference = format!("{}/{}", record.lineage.id, id);
+            let known = checkpoints.iter().any(|c| {
+                c.status.as_ref().and_then(|s| s.checkpoint_ref.as_deref()) == Some(&reference)
+            });
+            if !known && from_cache {
+                // The record (read from the API server) names a checkpoint the cache does not
+                // have yet, or no longer: read the namespace's checkpoints from the API server
+                // rather than decide without its spec hash (a cold start).
+                tracing::debug!(checkpoint = %reference, "not in the checkpoint cache: listing");
+                checkpoints = Api::<PodCheckpoint>::namespaced(at.client.clone(), ns)
+                    .list(&ListParams::default())
+                    .await?
+                    .items;
+            }
             if let Some(s) = checkpoints
                 .iter()
                 .filter_map(|c| c.status.as_ref())
@@ -341,6 +359,70 @@ pub async fn claim_and_decide(
     Err(Error::Conflict(format!(
         "lineages of {workload}: too many concurrent writers"
     )))
+}
+
+/// The checkpoints the claim reads: those of the workload's lineages and of their holder pods
+/// (a holder's final checkpoint in flight), from the process's cache instead of a list of the
+/// namespace per admission, which grew with every checkpoint there.
+///
+/// What the cache's staleness (the watch's lag behind the API server, normally milliseconds;
+/// longer while it relists) can change: a checkpoint created or finished within the lag is
+/// not seen, so an admission may not wait for a final checkpoint that has just started, and a
+/// record naming a checkpoint the cache does not have yet would have no spec hash (then the
+/// namespace is listed, as before). What it cannot change: which lineage a pod gets and at
+/// what generation. The records are read from the API server at each attempt, and the commit
+/// is a write of the record at the version read (a conflict reads and decides again), with
+/// the checkpoint fenced by generation at publication; so two pods never hold one lineage and
+/// no checkpoint older than the record's newest is chosen. A replica whose cache has not
+/// completed its first list lists from the API server, as before.
+/// Returns whether they came from the cache.
+async fn workload_checkpoints(
+    at: &Stores<'_>,
+    ns: &str,
+    recs: &[Record],
+) -> Result<(Vec<PodCheckpoint>, bool)> {
+    if !at.checkpoints.is_ready() {
+        let api = Api::<PodCheckpoint>::namespaced(at.client.clone(), ns);
+        return Ok((api.list(&ListParams::default()).await?.items, false));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for r in recs {
+        let of_holder = r
+            .holder_uid()
+            .map(|uid| at.checkpoints.of_pod(ns, uid))
+            .unwrap_or_default();
+        for c in at
+            .checkpoints
+            .of_lineage(ns, r.lineage.id.as_str())
+            .into_iter()
+            .chain(of_holder)
+        {
+            if seen.insert(c.name_any()) {
+                out.push((*c).clone());
+            }
+        }
+    }
+    Ok((out, true))
+}
+
+/// The pods carrying the claim tokens of the records that have a holder to look at: one list
+/// by a set selector (in slices of 50 tokens) instead of one list per record.
+async fn holder_candidates(pods_api: &Api<Pod>, recs: &[Record], fresh: bool) -> Result<Vec<Pod>> {
+    let tokens: std::collections::BTreeSet<&str> = recs
+        .iter()
+        .filter(|r| !(r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none()))
+        .filter_map(|r| r.lineage.holder.as_deref())
+        .collect();
+    let tokens: Vec<&str> = tokens.into_iter().collect();
+    let mut pods = Vec::new();
+    for slice in tokens.chunks(50) {
+        let lp = ListParams::default();
+        let lp = if fresh { lp } else { lp.match_any() };
+        let lp = lp.labels(&format!("{} in ({})", names::CLAIM_TOKEN, slice.join(",")));
+        pods.extend(pods_api.list(&lp).await?.items);
+    }
+    Ok(pods)
 }
 
 /// The commit's claim: only the lineage the webhook announced, if it is still this workload's

@@ -148,9 +148,17 @@ async fn admit(hook: &Arc<Webhook>, name: &str, uid: &str) -> k8s_openapi::api::
 }
 
 fn context(client: kube::Client) -> Arc<crate::reconcile::Context> {
+    context_with_checkpoints(client, vec![checkpoint_object()])
+}
+
+/// The reconcilers' context, its checkpoint cache holding `checkpoints`.
+fn context_with_checkpoints(
+    client: kube::Client,
+    checkpoints: Vec<stasis_api::PodCheckpoint>,
+) -> Arc<crate::reconcile::Context> {
     Caches {
         policies: vec![policy()],
-        checkpoints: vec![checkpoint_object()],
+        checkpoints,
         ..Default::default()
     }
     .context(client)
@@ -472,10 +480,112 @@ async fn the_commit_waits_for_an_in_flight_final_checkpoint() {
     });
     let a = admit(&hook, "web-6d4f9-a", "uid-a").await;
     let before = store.lock().unwrap().clone();
-    let action = reconcile_pod(Arc::new(a), context(client)).await.unwrap();
+    let cks = vec![checkpoint_object(), serde_json::from_value(fin).unwrap()];
+    let action = reconcile_pod(Arc::new(a), context_with_checkpoints(client, cks))
+        .await
+        .unwrap();
     assert_eq!(
         action,
         Action::requeue(std::time::Duration::from_millis(500))
     );
     assert_eq!(*store.lock().unwrap(), before);
+}
+
+/// The API calls of one admission, by method and path (the records' own list included).
+fn calls(seen: &Seen) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|(m, p, _)| format!("{m} {p}"))
+        .collect()
+}
+
+/// The claim reads the process's checkpoint cache, not a list of the namespace's
+/// `PodCheckpoint`s per admission (which grew with every checkpoint there): with the cache
+/// synced and the stand-in API server answering no checkpoint list at all, the restore is
+/// still decided, with the checkpoint's spec hash and node from the cache. Before, every
+/// admission listed them (here a 404: the review failed open, a cold start).
+#[tokio::test]
+async fn an_admission_reads_checkpoints_from_the_cache() {
+    let l = orphaned_lineage();
+    let routes: Vec<_> = routes(&[])
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("/podcheckpoints"))
+        .collect();
+    let (client, seen, _store) = api_server_with_records(routes, std::slice::from_ref(&l));
+    let hook = Arc::new(Webhook {
+        checkpoints: crate::cache::Checkpoints::of(vec![checkpoint_object()]),
+        ..Arc::into_inner(hook_with(client)).unwrap()
+    });
+    let pod = admit(&hook, "web-6d4f9-a", "uid-a").await;
+    let ann = pod.metadata.annotations.unwrap();
+    assert_eq!(ann[names::DECISION], "Restore", "{ann:?}");
+    let calls = calls(&seen);
+    assert!(
+        !calls.iter().any(|c| c.contains("/podcheckpoints")),
+        "{calls:#?}"
+    );
+    // What one admission of a ReplicaSet's pod asks the API server: its owners, the
+    // namespace's policies, the workload's records, the node of the checkpoint (affinity).
+    assert!(calls.len() <= 6, "{calls:#?}");
+}
+
+/// A record naming a checkpoint the cache does not have (the watch lags behind the API
+/// server): the namespace's checkpoints are listed, and the restore is decided as before.
+#[tokio::test]
+async fn a_checkpoint_missing_from_the_cache_is_listed() {
+    let l = orphaned_lineage();
+    let (client, seen, _store) = api_server_with_records(routes(&[]), std::slice::from_ref(&l));
+    let hook = Arc::new(Webhook {
+        checkpoints: crate::cache::Checkpoints::of(vec![]),
+        ..Arc::into_inner(hook_with(client)).unwrap()
+    });
+    let pod = admit(&hook, "web-6d4f9-a", "uid-a").await;
+    assert_eq!(
+        pod.metadata.annotations.unwrap()[names::DECISION],
+        "Restore"
+    );
+    let lists = calls(&seen)
+        .into_iter()
+        .filter(|c| c.ends_with("/podcheckpoints"))
+        .count();
+    assert_eq!(lists, 1);
+}
+
+/// The holders of a workload's lineages are looked for with one list of pods (a set selector
+/// of their claim tokens), not one list per lineage.
+#[tokio::test]
+async fn the_holders_of_several_lineages_are_one_pod_list() {
+    let w = WorkloadName::new("prod_deploy_web").unwrap();
+    let mut recs = Vec::new();
+    for i in 0..5 {
+        let token = format!("70ken{i}");
+        let mut lineage = Lineage::start(&w, &token, &[]);
+        lineage.holder = Some(token.clone());
+        recs.push(Record::new(
+            "prod",
+            lineage,
+            Some(Holder {
+                token,
+                claimed_unix_ms: crate::now_ms(),
+                pod: Some(format!("web-6d4f9-{i}")),
+                uid: Some(format!("uid-{i}")),
+                ..Default::default()
+            }),
+        ));
+    }
+    let (client, seen, _store) = api_server_with_records(routes(&[]), &recs);
+    let hook = Arc::new(Webhook {
+        checkpoints: crate::cache::Checkpoints::of(vec![]),
+        ..Arc::into_inner(hook_with(client)).unwrap()
+    });
+    admit(&hook, "web-6d4f9-new", "uid-new").await;
+    let lists: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(m, p, _)| m == "GET" && p == "/api/v1/namespaces/prod/pods")
+        .map(|(_, p, _)| p.clone())
+        .collect();
+    assert_eq!(lists.len(), 1, "{lists:#?}");
 }

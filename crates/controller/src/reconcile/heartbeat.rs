@@ -18,13 +18,12 @@ pub(super) async fn heartbeat(
     };
     let ns = pod.namespace().unwrap_or_default();
     let uid = pod_uid(pod);
+    // The pod's own checkpoints, by the cache's index (a scan of every checkpoint per
+    // heartbeat made the controller's work grow with pods × checkpoints).
     let mine: Vec<CheckpointView> = ctx
         .checkpoints
-        .state()
+        .of_pod(&ns, &uid)
         .iter()
-        .filter(|c| {
-            c.namespace().as_deref() == Some(&ns) && checkpoint_pod_uid(c).as_deref() == Some(&uid)
-        })
         .map(|c| CheckpointView::of(c))
         .collect();
     let now = now_ms();

@@ -40,7 +40,8 @@ use stasis_core::policy::parse_duration;
 use stasis_core::reference::{CheckpointId, CheckpointRef};
 use stasis_service::shutdown::Shutdown;
 
-use crate::holder::{checkpoint_pod_uid, holder_state};
+use crate::cache::{record_entry, Checkpoints, RecordIndex};
+use crate::holder::holder_state;
 use crate::metrics::Metrics;
 use crate::record::{refresh, Holder, Record, Records};
 use crate::schedule::{
@@ -91,9 +92,12 @@ pub struct Context {
     pub metrics: Metrics,
     pub cfg: ControllerConfig,
     pub policies: Store<CheckpointPolicy>,
-    pub checkpoints: Store<PodCheckpoint>,
+    /// Shared with the webhook (every replica keeps it), looked up by pod and by lineage.
+    pub checkpoints: Checkpoints,
     pub restores: Store<PodRestore>,
     pub record_maps: Store<ConfigMap>,
+    /// The same records parsed, by holder UID and claim token (fed by the same watch).
+    pub record_index: RecordIndex,
     pub pods: Store<Pod>,
     /// Pod UID → when its last heartbeat was skipped (freeze budget).
     pub skips: Mutex<HashMap<String, u64>>,
@@ -104,28 +108,19 @@ pub struct Context {
 }
 
 impl Context {
+    /// Every readable lineage record (a damaged one is skipped, never silently: it is counted
+    /// and logged when it arrives, and its pods look unregistered until someone repairs or
+    /// deletes it).
     pub(crate) fn all_records(&self) -> Vec<Record> {
-        self.record_maps
-            .state()
-            .iter()
-            .filter_map(|cm| match Record::from_config_map(cm) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    // A damaged record is skipped, never silently: its pods look unregistered
-                    // until someone repairs or deletes it.
-                    self.metrics.failed("records", &e);
-                    tracing::warn!(error = %e, configmap = %cm.name_any(), "lineage record unreadable: skipped; repair or delete it");
-                    None
-                }
-            })
-            .collect()
+        self.record_index.records()
     }
 
     /// The record of `namespace` whose registered holder is the pod `uid` (the held one first,
     /// then the newest generation: a stopping pod still owns its orphaned lineage until a
     /// replacement claims it).
     pub(crate) fn record_of_holder(&self, namespace: &str, uid: &str) -> Option<Record> {
-        self.all_records()
+        self.record_index
+            .by_holder(namespace, uid)
             .into_iter()
             .filter(|r| r.held_by(namespace, uid))
             .max_by_key(|r| (!r.lineage.orphaned, r.lineage.generation))
@@ -134,10 +129,22 @@ impl Context {
     /// The record of `namespace` whose holder token is `token` (held or orphaned): a token is
     /// only ever looked up in the pod's own namespace.
     pub(crate) fn record_with_token(&self, namespace: &str, token: &str) -> Option<Record> {
-        self.all_records()
+        self.record_index
+            .by_token(namespace, token)
             .into_iter()
             .filter(|r| r.namespace == namespace && r.lineage.holder.as_deref() == Some(token))
             .max_by_key(|r| (!r.lineage.orphaned, r.lineage.generation))
+    }
+
+    /// The checkpoints of a record's registered holder pod: all that [`holder_state`] reads
+    /// (its final checkpoint in flight), found by the cache's index.
+    pub(crate) fn holder_checkpoints(&self, r: &Record) -> Vec<PodCheckpoint> {
+        r.holder_uid()
+            .map(|uid| self.checkpoints.of_pod(&r.namespace, uid))
+            .unwrap_or_default()
+            .iter()
+            .map(|c| (**c).clone())
+            .collect()
     }
 
     pub(crate) async fn event(
@@ -186,6 +193,21 @@ pub(super) fn error_policy<K>(
     }
 }
 
+/// The pod a `PodCheckpoint` change reconciles. Not the pod of a heartbeat still in flight:
+/// the reconcile that created it requeued itself, and its creation or `Running` changes no
+/// outcome of the pod's reconcile (a heartbeat in flight is one from its creation, whatever
+/// its phase; a holder's final checkpoint is never a heartbeat). Its end (`Succeeded`,
+/// `Failed`) and every change of any other checkpoint still reconcile the pod. Each heartbeat
+/// reconciled its pod three times before, one per change; now once.
+pub(crate) fn pod_to_reconcile(c: PodCheckpoint) -> Option<ObjectRef<Pod>> {
+    let in_flight_heartbeat =
+        c.spec.reason == CheckpointReason::Heartbeat && CheckpointView::of(&c).in_flight();
+    if in_flight_heartbeat {
+        return None;
+    }
+    Some(ObjectRef::new(&c.spec.source_pod_name).within(&c.namespace()?))
+}
+
 /// Everything the reconcilers need from outside.
 pub struct Setup {
     pub client: Client,
@@ -194,6 +216,8 @@ pub struct Setup {
     pub metrics: Metrics,
     pub cfg: ControllerConfig,
     pub store: Option<stasis_store::Store>,
+    /// The `PodCheckpoint` cache the process keeps for the webhook ([`Checkpoints::watch`]).
+    pub checkpoints: Checkpoints,
     /// The process's stop (its signal handler is the binary's): the reconcilers finish what
     /// they are doing and return.
     pub shutdown: Shutdown,
@@ -206,22 +230,32 @@ pub async fn run(setup: Setup) -> Result<()> {
     let pod_ctrl = Controller::new(Api::<Pod>::all(client.clone()), wc()).watches(
         Api::<PodCheckpoint>::all(client.clone()),
         wc(),
-        |c| Some(ObjectRef::new(&c.spec.source_pod_name).within(&c.namespace()?)),
+        pod_to_reconcile,
     );
     let ck_ctrl = Controller::new(Api::<PodCheckpoint>::all(client.clone()), wc());
     let pr_ctrl = Controller::new(Api::<PodRestore>::all(client.clone()), wc());
     let pol_ctrl = Controller::new(Api::<CheckpointPolicy>::all(client.clone()), wc());
     let (maps, maps_writer) = reflector::store();
-    let maps_stream = reflector::reflector(
-        maps_writer,
-        watcher::watcher(
-            Api::<ConfigMap>::namespaced(client.clone(), &setup.namespace),
-            wc().labels(&format!("{}=true", names::LINEAGE_RECORD)),
-        ),
-    )
-    .default_backoff()
-    .applied_objects()
-    .for_each(|_| futures::future::ready(()));
+    let record_index = RecordIndex::default();
+    let maps_stream = {
+        let (index, metrics) = (record_index.clone(), setup.metrics.clone());
+        reflector::reflector(
+            maps_writer,
+            watcher::watcher(
+                Api::<ConfigMap>::namespaced(client.clone(), &setup.namespace),
+                wc().labels(&format!("{}=true", names::LINEAGE_RECORD)),
+            ),
+        )
+        .default_backoff()
+        .for_each(move |ev| {
+            if let Ok(ev) = ev {
+                index.apply(&ev, |cm| {
+                    record_entry(cm, &|e| metrics.failed("records", e))
+                });
+            }
+            futures::future::ready(())
+        })
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         records: Records::new(client.clone(), &setup.namespace)
@@ -236,9 +270,10 @@ pub async fn run(setup: Setup) -> Result<()> {
         metrics: setup.metrics.clone(),
         cfg: setup.cfg.clone(),
         policies: pol_ctrl.store(),
-        checkpoints: ck_ctrl.store(),
+        checkpoints: setup.checkpoints.clone(),
         restores: pr_ctrl.store(),
         record_maps: maps,
+        record_index,
         pods: pod_ctrl.store(),
         skips: Mutex::new(HashMap::new()),
         evictions: Mutex::new(stasis_core::interval::EvictionLog::new(
@@ -268,7 +303,7 @@ pub async fn run(setup: Setup) -> Result<()> {
         let (ctx, shutdown) = (ctx.clone(), setup.shutdown.clone());
         async move {
             let caches = async {
-                stasis_api::cache::wait_ready(&ctx.checkpoints).await;
+                ctx.checkpoints.wait_ready().await;
                 stasis_api::cache::wait_ready(&ctx.policies).await;
                 stasis_api::cache::wait_ready(&ctx.record_maps).await;
             };

@@ -85,12 +85,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     // A stopping or ended pod orphans its lineage (and its final checkpoint is waited for).
     if let Some(r) = record.as_mut() {
         let on_termination = policy.as_ref().is_none_or(|p| p.spec.on_termination);
-        let checkpoints: Vec<PodCheckpoint> = ctx
-            .checkpoints
-            .state()
-            .iter()
-            .map(|c| (**c).clone())
-            .collect();
+        let checkpoints = ctx.holder_checkpoints(r);
         let (state, _) = holder_state(r, std::slice::from_ref(&*pod), &checkpoints, on_termination);
         let was_orphaned = r.lineage.orphaned;
         if refresh(
@@ -238,6 +233,7 @@ pub(super) async fn commit(
     let stores = Stores {
         client: &ctx.client,
         records: &ctx.records,
+        checkpoints: &ctx.checkpoints,
         phantom_after: ctx.cfg.phantom_after,
     };
     let outcome = match claim_and_decide(

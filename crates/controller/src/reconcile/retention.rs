@@ -11,10 +11,7 @@ pub(super) async fn apply_retention(mut r: Record, ctx: &Context) -> Result<()> 
     let policies = ctx.policies.state();
     // The policy that selects the lineage's holder pod (by the record's namespace and the
     // policies' selectors), else the namespace's only policy, else the defaults.
-    let holder = r
-        .holder_uid()
-        .and_then(|uid| ctx.pods.find(|p| p.metadata.uid.as_deref() == Some(uid)))
-        .filter(|p| p.namespace().as_deref() == Some(&ns));
+    let holder = holder_pod(&r, ctx);
     let policy = holder
         .and_then(|p| policy_for(policies.iter().map(|x| x.as_ref()), &ns, p.labels()).cloned())
         .or_else(|| {
@@ -66,10 +63,14 @@ pub(super) async fn apply_retention(mut r: Record, ctx: &Context) -> Result<()> 
     for id in &drop {
         let reference = format!("{}{}", prefix, id);
         let mut complete = true;
-        for c in ctx.checkpoints.state().iter().filter(|c| {
-            c.namespace().as_deref() == Some(&ns)
-                && c.status.as_ref().and_then(|s| s.checkpoint_ref.as_deref()) == Some(&reference)
-        }) {
+        for c in ctx
+            .checkpoints
+            .of_lineage(&ns, r.lineage.id.as_str())
+            .iter()
+            .filter(|c| {
+                c.status.as_ref().and_then(|s| s.checkpoint_ref.as_deref()) == Some(&reference)
+            })
+        {
             match api.delete(&c.name_any(), &DeleteParams::default()).await {
                 Ok(_) => {}
                 // Already gone: what retention wanted.
@@ -98,4 +99,22 @@ pub(super) async fn apply_retention(mut r: Record, ctx: &Context) -> Result<()> 
         }
     }
     Ok(())
+}
+
+/// The record's registered holder pod, from the pod cache: by the name the record keeps with
+/// the UID (a lookup, not a scan of every pod per publish), and only if that pod still has the
+/// UID (a pod of the same name created since is another pod). A record that names no pod (a
+/// holder registered before names were kept) is looked up by UID among all pods.
+pub(super) fn holder_pod(r: &Record, ctx: &Context) -> Option<Arc<Pod>> {
+    let uid = r.holder_uid()?;
+    let same = |p: &Pod| {
+        p.metadata.uid.as_deref() == Some(uid) && p.namespace().as_deref() == Some(&r.namespace)
+    };
+    match r.holder.as_ref().and_then(|h| h.pod.as_deref()) {
+        Some(name) => ctx
+            .pods
+            .get(&ObjectRef::new(name).within(&r.namespace))
+            .filter(|p| same(p)),
+        None => ctx.pods.find(|p| same(p)),
+    }
 }

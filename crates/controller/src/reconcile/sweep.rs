@@ -8,13 +8,22 @@ use super::*;
 /// pod never appeared are released.
 #[tracing::instrument(name = "sweep", skip_all)]
 pub async fn sweep(ctx: &Context) -> Result<()> {
-    let pods: Vec<Pod> = ctx.pods.state().iter().map(|p| (**p).clone()).collect();
-    let checkpoints: Vec<PodCheckpoint> = ctx
-        .checkpoints
-        .state()
-        .iter()
-        .map(|c| (**c).clone())
-        .collect();
+    let pods = ctx.pods.state();
+    // A record's holder is found by its claim token (and UID): the pods carrying each token,
+    // once per sweep, instead of a scan of the namespace's pods per record.
+    let mut by_token: HashMap<(String, String), Vec<Pod>> = HashMap::new();
+    let mut uids: std::collections::HashSet<(String, String)> = Default::default();
+    for p in &pods {
+        if let (Some(ns), Some(uid)) = (p.namespace(), p.metadata.uid.clone()) {
+            uids.insert((ns, uid));
+        }
+        if let (Some(ns), Some(t)) = (p.namespace(), p.labels().get(names::CLAIM_TOKEN)) {
+            by_token
+                .entry((ns, t.clone()))
+                .or_default()
+                .push((**p).clone());
+        }
+    }
     let now = now_ms();
     // Pods no longer checkpointed (gone, stopped, no policy) lose their checkpoint-age series.
     let policies = ctx.policies.state();
@@ -32,17 +41,22 @@ pub async fn sweep(ctx: &Context) -> Result<()> {
     relabel(ctx).await?;
     for mut r in ctx.all_records() {
         let ns = r.namespace.clone();
-        let in_ns: Vec<Pod> = pods
-            .iter()
-            .filter(|p| p.namespace().as_deref() == Some(&ns))
-            .cloned()
-            .collect();
+        let holders: &[Pod] = r
+            .lineage
+            .holder
+            .as_ref()
+            .and_then(|t| by_token.get(&(ns.clone(), t.clone())))
+            .map_or(&[], Vec::as_slice);
         if r.lineage.orphaned && r.lineage.final_deadline_unix_ms.is_none() {
-            collect(r, &in_ns, now, ctx).await?;
+            let holder_exists = r
+                .holder_uid()
+                .is_some_and(|uid| uids.contains(&(ns.clone(), uid.to_owned())));
+            collect(r, holder_exists || !holders.is_empty(), now, ctx).await?;
             continue;
         }
+        let checkpoints = ctx.holder_checkpoints(&r);
         let on_termination = true;
-        let (state, _) = holder_state(&r, &in_ns, &checkpoints, on_termination);
+        let (state, _) = holder_state(&r, holders, &checkpoints, on_termination);
         let (was_orphaned, holder) = (r.lineage.orphaned, r.holder_uid().map(str::to_owned));
         if refresh(
             &mut r,
@@ -83,7 +97,13 @@ pub(super) async fn relabel(ctx: &Context) -> Result<()> {
 
 /// The sweep's garbage collection of one orphaned record ([`crate::record::collectable`]);
 /// a record orphaned before the time was recorded gets it now.
-pub(super) async fn collect(mut r: Record, in_ns: &[Pod], now: u64, ctx: &Context) -> Result<()> {
+/// `holder_exists`: a pod of the record's namespace has its holder's UID or its claim token.
+pub(super) async fn collect(
+    mut r: Record,
+    holder_exists: bool,
+    now: u64,
+    ctx: &Context,
+) -> Result<()> {
     if r.orphaned_unix_ms.is_none() {
         r.orphaned_unix_ms = Some(now);
         return match ctx.records.save(&r).await {
@@ -91,12 +111,6 @@ pub(super) async fn collect(mut r: Record, in_ns: &[Pod], now: u64, ctx: &Contex
             Err(e) => Err(e),
         };
     }
-    let holder_uid = r.holder_uid().map(str::to_owned);
-    let token = r.lineage.holder.clone();
-    let holder_exists = in_ns.iter().any(|p| {
-        (holder_uid.is_some() && p.metadata.uid == holder_uid)
-            || (token.is_some() && p.labels().get(names::CLAIM_TOKEN) == token.as_ref())
-    });
     let grace = ctx.cfg.collect_records_after.as_millis() as u64;
     if !crate::record::collectable(&r, holder_exists, now, grace) {
         return Ok(());

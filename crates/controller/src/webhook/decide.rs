@@ -20,6 +20,8 @@ pub(crate) async fn mutate(
         return Ok(Some(patch(original, &Mutation::default())));
     }
     let ns = req.namespace.clone().unwrap_or_default();
+    // Where an admission's time goes (debug level): each step is one or two API reads.
+    let mut steps = Steps::default();
     let mut pod = original.clone();
     pod.metadata.namespace = Some(ns.clone());
     let mut m = Mutation::default();
@@ -31,7 +33,9 @@ pub(crate) async fn mutate(
     };
     // The owners the pod names must exist with those UIDs: otherwise nothing is claimed or
     // written, and the answer names no lineage.
-    let workload = match verified_identity(&hook.client, &ns, &pod).await? {
+    let identity = verified_identity(&hook.client, &ns, &pod).await?;
+    steps.done("owners");
+    let workload = match identity {
         Ok(w) => w.key(),
         Err((label, why)) => {
             cold(&mut m, label, format!("no workload identity: {why}"));
@@ -47,11 +51,11 @@ pub(crate) async fn mutate(
             Requester::classify(&user, controller_kind(&pod), may)
         }
     };
-    let policies = Api::<CheckpointPolicy>::namespaced(hook.client.clone(), &ns)
-        .list(&ListParams::default())
-        .await?;
+    steps.done("requester");
+    let policies = namespace_policies(hook, &ns).await?;
+    steps.done("policies");
     let labels = pod.labels().clone();
-    let policy = policy_for(&policies.items, &ns, &labels).cloned();
+    let policy = policy_for(&policies, &ns, &labels).cloned();
     let mut inputs = restore_inputs(&pod, policy.as_ref(), requester.clone())?;
     let permitted = match &requester {
         Requester::WorkloadController => true,
@@ -64,7 +68,8 @@ pub(crate) async fn mutate(
         };
         cold(&mut m, reason.label(), reason.to_string());
         if permitted {
-            restore_asked(hook, &ns, &pod, &mut m).await;
+            let asked = fetch_asked(hook, &ns, &pod).await;
+            restore_asked(hook, &ns, &pod, asked, &mut m).await;
         }
         return Ok(Some(patch(original, &m)));
     };
@@ -74,21 +79,26 @@ pub(crate) async fn mutate(
     let stores = Stores {
         client: &hook.client,
         records: &hook.records,
+        checkpoints: &hook.checkpoints,
         phantom_after: hook.cfg.phantom_after,
     };
     let mode = Mode::Predict { final_wait };
-    let outcome = match claim_and_decide(
-        &stores,
-        &ns,
-        &pod,
-        &workload,
-        &token,
-        &policy,
-        &mut inputs,
-        &mode,
-    )
-    .await?
-    {
+    // A restore asked by hand is looked for at the same time as the claim (one round trip
+    // less; its answer is used only for a cold start).
+    let (claimed, asked) = tokio::join!(
+        claim_and_decide(
+            &stores,
+            &ns,
+            &pod,
+            &workload,
+            &token,
+            &policy,
+            &mut inputs,
+            &mode,
+        ),
+        fetch_asked(hook, &ns, &pod)
+    );
+    let outcome = match claimed? {
         Claimed::Decided(o) => *o,
         Claimed::Wait | Claimed::Impostor(_) => {
             return Err(Error::Invariant(
@@ -96,6 +106,7 @@ pub(crate) async fn mutate(
             ))
         }
     };
+    steps.done("claim");
     m.labels.insert(names::CLAIM_TOKEN.into(), token.clone());
     m.annotations.insert(names::CLAIM_TOKEN.into(), token);
     m.annotations
@@ -123,10 +134,67 @@ pub(crate) async fn mutate(
         Decision::ColdStart { reason } => {
             tracing::info!(namespace = %ns, workload = %workload, reason = %reason, "cold start decided");
             cold(&mut m, reason.label(), reason.to_string());
-            restore_asked(hook, &ns, &pod, &mut m).await;
+            restore_asked(hook, &ns, &pod, asked, &mut m).await;
         }
     }
+    steps.done("placement");
+    tracing::debug!(namespace = %ns, steps = %steps, "admission decided");
     Ok(Some(patch(original, &m)))
+}
+
+/// The policies of `ns`: from the process's cache once it has listed them (policies are few
+/// and rarely change; a policy created within the watch's lag is not seen, and the pod is
+/// admitted without a claim: the controller then starts a lineage for it as for any running
+/// pod the webhook did not claim for), else from the API server.
+async fn namespace_policies(hook: &Webhook, ns: &str) -> Result<Vec<CheckpointPolicy>> {
+    if let Some(cache) = hook.policies.as_ref().filter(|c| {
+        use futures::FutureExt;
+        c.wait_until_ready().now_or_never().is_some()
+    }) {
+        return Ok(cache
+            .state()
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(ns))
+            .map(|p| (**p).clone())
+            .collect());
+    }
+    Ok(Api::<CheckpointPolicy>::namespaced(hook.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items)
+}
+
+/// The time of each step of one admission, for the debug log.
+struct Steps {
+    last: std::time::Instant,
+    done: Vec<(&'static str, Duration)>,
+}
+
+impl Default for Steps {
+    fn default() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+}
+
+impl Steps {
+    fn done(&mut self, step: &'static str) {
+        let now = std::time::Instant::now();
+        self.done.push((step, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Steps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (step, d)) in self.done.iter().enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            write!(f, "{sep}{step}={:.1}ms", d.as_secs_f64() * 1000.0)?;
+        }
+        Ok(())
+    }
 }
 
 /// A restore a user asked for before creating the pod (`kubectl stasis restore POD --from ...`):
@@ -136,20 +204,15 @@ pub(crate) async fn mutate(
 /// without the wait the container raced the fetch and started cold whenever it lost. The pod
 /// still starts a lineage of its own (the decision stays `ColdStart`, its reason says where the
 /// state comes from).
-async fn restore_asked(hook: &Webhook, ns: &str, pod: &Pod, m: &mut Mutation) {
-    let Some(name) = pod.metadata.name.as_deref() else {
+async fn restore_asked(
+    hook: &Webhook,
+    ns: &str,
+    pod: &Pod,
+    asked: Option<PodRestore>,
+    m: &mut Mutation,
+) {
+    let (Some(name), Some(pr)) = (pod.metadata.name.as_deref(), asked) else {
         return;
-    };
-    let pr = match Api::<PodRestore>::namespaced(hook.client.clone(), ns)
-        .get_opt(name)
-        .await
-    {
-        Ok(Some(pr)) if asked_by_hand(&pr, name) => pr,
-        Ok(_) => return,
-        Err(e) => {
-            tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot read a PodRestore named as the pod: it starts without waiting for one");
-            return;
-        }
     };
     tracing::info!(namespace = %ns, pod = %name, checkpoint = %pr.spec.checkpoint_ref, "restore asked by a PodRestore: the pod waits for it");
     let why = m
@@ -172,6 +235,23 @@ async fn restore_asked(hook: &Webhook, ns: &str, pod: &Pod, m: &mut Mutation) {
         node_requirements: node_requirements(&hook.client, None).await,
         wait: hook.cfg.wait.clone(),
     });
+}
+
+/// The `PodRestore` named as the pod, if a user made it for the pod not created yet
+/// ([`asked_by_hand`]).
+async fn fetch_asked(hook: &Webhook, ns: &str, pod: &Pod) -> Option<PodRestore> {
+    let name = pod.metadata.name.as_deref()?;
+    match Api::<PodRestore>::namespaced(hook.client.clone(), ns)
+        .get_opt(name)
+        .await
+    {
+        Ok(Some(pr)) if asked_by_hand(&pr, name) => Some(pr),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot read a PodRestore named as the pod: it starts without waiting for one");
+            None
+        }
+    }
 }
 
 /// A `PodRestore` a user made for a pod not created yet: it targets `pod` by name only, and no

@@ -66,6 +66,10 @@ pub struct WebhookConfig {
 pub struct Webhook {
     pub client: Client,
     pub records: Records,
+    /// The process's `PodCheckpoint` cache ([`crate::cache::Checkpoints::watch`]).
+    pub checkpoints: crate::cache::Checkpoints,
+    /// The process's `CheckpointPolicy` cache (`None`: listed per admission, as in tests).
+    pub policies: Option<kube::runtime::reflector::Store<CheckpointPolicy>>,
     pub metrics: Metrics,
     pub cfg: WebhookConfig,
 }
@@ -76,9 +80,9 @@ pub struct Webhook {
 pub fn final_wait_budget(configured: Duration, query: Option<&str>) -> Duration {
     let timeout = query
         .into_iter()
-        .flat_map(|q| q.split('&'))
-        .find_map(|kv| kv.strip_prefix("timeout="))
-        .and_then(|t| stasis_core::policy::parse_duration(t).ok());
+        .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+        .find_map(|(k, v)| (k == "timeout").then_some(v))
+        .and_then(|t| stasis_core::policy::parse_duration(&t).ok());
     match timeout {
         Some(t) => configured.min(t.saturating_sub(Duration::from_secs(3))),
         None => configured,

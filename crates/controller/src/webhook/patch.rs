@@ -250,7 +250,35 @@ pub fn patch(pod: &Pod, mutation: &Mutation) -> Value {
             ops.push(add("/spec/initContainers".into(), json!([wait])));
         }
     }
+    // With a decision (every admission but a dry run's): the pod is stasis's from now on.
+    if mutation.annotations.contains_key(names::DECISION) {
+        ops.extend(responder_op(pod));
+    }
     Value::Array(ops)
+}
+
+/// Names stasis among the pod's eviction responders: the EvictionRequest API takes a pod's
+/// responders from its `spec.evictionResponders` alone (settable only at creation), so a pod
+/// that does not name stasis is evicted without its final checkpoint being waited for. Not when
+/// it names stasis already, is in a PodGroup (no responders allowed there) or has a full list.
+/// An API server without the `EvictionRequestAPI` gate drops the field.
+fn responder_op(pod: &Pod) -> Option<Value> {
+    use stasis_api::eviction::{pod_responder_entry, MAX_POD_RESPONDERS, RESPONDER};
+    let spec = pod.spec.as_ref()?;
+    if spec.scheduling_group.is_some() {
+        return None;
+    }
+    let named = spec.eviction_responders.as_deref().unwrap_or_default();
+    if named.iter().any(|r| r.name == RESPONDER) || named.len() >= MAX_POD_RESPONDERS {
+        return None;
+    }
+    Some(match &spec.eviction_responders {
+        None => add(
+            "/spec/evictionResponders".into(),
+            json!([pod_responder_entry()]),
+        ),
+        Some(_) => add("/spec/evictionResponders/-".into(), pod_responder_entry()),
+    })
 }
 
 #[cfg(test)]
@@ -278,6 +306,50 @@ mod tests {
     }
 
     #[test]
+    fn stasis_is_named_an_eviction_responder_once() {
+        let m = Mutation {
+            annotations: BTreeMap::from([(names::DECISION.into(), "ColdStart".into())]),
+            ..Default::default()
+        };
+        let named = |spec: Value| {
+            let p = pod(json!({"metadata": {"name": "p"}, "spec": spec}));
+            let out = apply(&serde_json::to_value(&p).unwrap(), &patch(&p, &m));
+            out["spec"]["evictionResponders"].clone()
+        };
+        let ours = json!({"name": "stasis.dev/checkpoint", "priority": 1000});
+        assert_eq!(named(json!({"containers": []})), json!([ours]));
+        let other = json!({"name": "acme.io/drain", "priority": 10000});
+        assert_eq!(
+            named(json!({"containers": [], "evictionResponders": [other]})),
+            json!([other, ours])
+        );
+        assert_eq!(
+            named(json!({"containers": [], "evictionResponders": [ours]})),
+            json!([ours]),
+            "a pod copied from an admitted one names it once"
+        );
+        let full: Vec<Value> = (0..10)
+            .map(|i| json!({"name": format!("acme.io/r{i}"), "priority": 2000}))
+            .collect();
+        assert_eq!(
+            named(json!({"containers": [], "evictionResponders": full})),
+            json!(full)
+        );
+        let grouped = json!({"containers": [], "schedulingGroup": {"podGroupName": "g"}});
+        assert_eq!(
+            named(grouped),
+            Value::Null,
+            "PodGroup pods take no responders"
+        );
+        let p = pod(json!({"spec": {"containers": []}}));
+        assert_eq!(
+            patch(&p, &Mutation::default()),
+            json!([]),
+            "no decision (a dry run): nothing named"
+        );
+    }
+
+    #[test]
     fn cold_start_patch_only_annotates_and_labels() {
         let p = pod(
             json!({"metadata": {"generateName": "c-", "labels": {"app": "c"}}, "spec": {"containers": [{"name": "c"}]}}),
@@ -292,7 +364,8 @@ mod tests {
             ops,
             json!([
                 {"op": "add", "path": "/metadata/annotations", "value": {"stasis.dev/decision": "ColdStart"}},
-                {"op": "add", "path": "/metadata/labels/stasis.dev~1claim-token", "value": "abc"}
+                {"op": "add", "path": "/metadata/labels/stasis.dev~1claim-token", "value": "abc"},
+                {"op": "add", "path": "/spec/evictionResponders", "value": [{"name": "stasis.dev/checkpoint", "priority": 1000}]}
             ])
         );
         let out = apply(&serde_json::to_value(&p).unwrap(), &ops);

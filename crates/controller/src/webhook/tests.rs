@@ -21,12 +21,24 @@ fn final_wait_fits_the_api_servers_timeout() {
     );
     assert_eq!(final_wait_budget(d, Some("timeout=2s")), Duration::ZERO);
     assert_eq!(final_wait_budget(d, Some("timeout=1m0s")), d);
+    // The query is URL-encoded: its names and values are read decoded.
+    let seven = Duration::from_secs(7);
+    assert_eq!(final_wait_budget(d, Some("time%6Fut=10s")), seven);
+    assert_eq!(final_wait_budget(d, Some("timeout=10%73&x=1")), seven);
+    assert_eq!(
+        final_wait_budget(d, Some("x=timeout%3D1s")),
+        d,
+        "a value, not a name"
+    );
 }
 
 pub(crate) fn offline_hook() -> Arc<Webhook> {
     let client = offline_client();
     Arc::new(Webhook {
         records: Records::new(client.clone(), "stasis"),
+        // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
+        checkpoints: crate::cache::Checkpoints::unsynced(),
+        policies: None,
         client,
         metrics: Metrics::default(),
         cfg: WebhookConfig {
@@ -228,6 +240,9 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
     ]);
     let hook = Arc::new(Webhook {
         records: Records::new(client.clone(), "stasis"),
+        // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
+        checkpoints: crate::cache::Checkpoints::unsynced(),
+        policies: None,
         client,
         metrics: Metrics::default(),
         cfg: offline_hook().cfg.clone(),
@@ -317,6 +332,9 @@ pub(crate) fn rs_pod(rs: &str, uid: &str, hash: &str) -> serde_json::Value {
 pub(crate) fn hook_with(client: Client) -> Arc<Webhook> {
     Arc::new(Webhook {
         records: Records::new(client.clone(), "stasis"),
+        // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
+        checkpoints: crate::cache::Checkpoints::unsynced(),
+        policies: None,
         client,
         metrics: Metrics::default(),
         cfg: offline_hook().cfg.clone(),

@@ -2,6 +2,8 @@
 
 use super::*;
 
+use stasis_engine::restore::lazy;
+
 impl Ctx {
     pub(super) fn lookup_plan(&self, id: &str, kind: &ContainerKind, deadline: Instant) -> Lookup {
         let dir = self.cfg.plans_dir();
@@ -165,6 +167,7 @@ impl Ctx {
             stamp: planfile::read_verified_stamp(img)
                 .map(|s| s.map(|s| s.checkpoint_ref))
                 .map_err(|e| e.to_string()),
+            lazy_daemon: img.join("criu/lazy-pages.socket").exists(),
         };
         let verdict = decide::accept(&pf, id, &kind, now_ms(), &facts);
         // A plan is used once, accepted or not: no restore loops.
@@ -266,8 +269,15 @@ impl Ctx {
                 );
             }
         }
-        let work = self.cfg.work_dir().join(id);
-        let _ = std::fs::remove_dir_all(&work);
+        // A lazy plan's work dir is where the agent's `criu lazy-pages` listens (the images'
+        // `criu/`, as `stasis restore --lazy` has it); otherwise one of the wrapper's own.
+        let work = match plan.lazy {
+            true => plan.image_dir.join("criu"),
+            false => self.cfg.work_dir().join(id),
+        };
+        if !plan.lazy {
+            let _ = std::fs::remove_dir_all(&work);
+        }
         if let Err(e) = std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -312,7 +322,36 @@ impl Ctx {
         if let Some(conf) = &conf {
             runc.env(stasis_engine::sockets::CRIU_CONFIG_ENV, &conf.path);
         }
+        let lazy = plan.lazy.then_some(plan.image_dir.as_path());
+        if let Some(dir) = lazy {
+            // The agent's page server ends this container if its memory cannot arrive: it
+            // must know which one, and whether `runc restore` still runs.
+            let runc = stasis_engine::runc::Runc {
+                binary: self.real.clone(),
+                root: self
+                    .inv
+                    .globals
+                    .root
+                    .as_deref()
+                    .unwrap_or(stasis_engine::runc::DEFAULT_ROOT)
+                    .into(),
+            };
+            if let Err(e) = lazy::announce(dir, &runc, id, std::process::id() as i32) {
+                self.cold(
+                    id,
+                    kind,
+                    Cold::doubt(
+                        ColdStartCause::RestoreFailed,
+                        format!("cannot name the container to the agent serving its memory: {e}"),
+                        ckpt,
+                    ),
+                );
+            }
+        }
         let status = runc.args(&args).status();
+        if let Some(dir) = lazy {
+            let _ = lazy::announce_outcome(dir, matches!(&status, Ok(s) if s.success()));
+        }
         let failure = match status {
             Ok(s) if s.success() => self
                 .resume_gpu(id, c, &bundle.dir, plan)

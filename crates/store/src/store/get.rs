@@ -11,6 +11,7 @@ use object_store::ObjectStoreExt;
 use stasis_core::{CheckpointId, CheckpointRef, ChunkRef, Manifest, WorkloadName};
 
 use super::{blocking, chunk_rel, io_backend, now_ms, LeaseDoc, Store};
+use crate::cache::Claim;
 use crate::chunk::{self, ChunkBuf};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
@@ -151,22 +152,54 @@ struct Target {
 }
 
 impl Store {
-    /// Brings one chunk into its file: from the node's cache when it has an authentic copy,
-    /// else from the store (caching it on the way).
+    /// Brings one chunk into its file.
     async fn restore_chunk(&self, key: &Key, c: &ChunkRef, t: Target) -> Result<()> {
+        let Target {
+            handle,
+            off,
+            file,
+            dest,
+        } = t;
+        self.with_chunk(key, c, &file, move |plain| {
+            handle
+                .write_all_at(plain, off)
+                .map_err(|e| StoreError::io(&dest, e))
+        })
+        .await
+    }
+
+    /// Hands the plaintext of one chunk of `file` (a path of the checkpoint, for messages) to
+    /// `deliver`, on the blocking pool: from the node's cache when it holds an authentic copy,
+    /// else from the store (cached on the way). Authenticated, decrypted, decompressed and
+    /// checked against its id first; a chunk the store lacks is [`StoreError::ChunkMissing`],
+    /// one that fails is [`StoreError::ChunkCorrupt`], both naming the chunk and the file.
+    pub(super) async fn with_chunk<T, D>(
+        &self,
+        key: &Key,
+        c: &ChunkRef,
+        file: &str,
+        deliver: D,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        D: Fn(&[u8]) -> Result<T> + Clone + Send + 'static,
+    {
         let limit = chunk::max_object_len(c.len as usize);
+        // Held until the chunk is cached: a prefetch of it meanwhile waits instead of fetching.
+        let mut _fetching = None;
         if let Some(cache) = self.cache() {
-            let (cache, kid, id) = (cache.clone(), key.id().to_owned(), c.id.clone());
-            if let Some(obj) = blocking(move || cache.get(&kid, &id, limit)).await? {
-                match self.decode_write(key, c, obj, &t, false).await? {
-                    Ok(()) => return Ok(()),
-                    Err(reason) => {
-                        tracing::warn!(chunk = %c.id, %reason, "a cached chunk failed authentication; removed from the cache, fetching it from the store");
-                        if let Some(cache) = self.cache() {
-                            cache.refuse(key.id(), &c.id);
-                        }
+            if let Some(v) = self.cached_chunk(key, c, deliver.clone()).await? {
+                return Ok(v);
+            }
+            match cache.claim(key.id(), &c.id) {
+                Some(Claim::Wait(other)) => {
+                    Claim::wait(other).await;
+                    if let Some(v) = self.cached_chunk(key, c, deliver.clone()).await? {
+                        return Ok(v);
                     }
                 }
+                Some(Claim::Fetch(mine)) => _fetching = Some(mine),
+                None => {}
             }
         }
         let rel = chunk_rel(key.id(), &c.id);
@@ -175,17 +208,44 @@ impl Store {
                 .await?
                 .ok_or_else(|| StoreError::ChunkMissing {
                     chunk: c.id.clone(),
-                    file: t.file.clone(),
+                    file: file.to_owned(),
                     path: self.shown(&ObjPath::from(rel.as_str())),
                 })?;
-        self.decode_write(key, c, obj, &t, true)
+        self.decode_into(key, c, obj, true, deliver)
             .await?
             .map_err(|reason| StoreError::ChunkCorrupt {
                 chunk: c.id.clone(),
-                file: t.file.clone(),
+                file: file.to_owned(),
                 path: self.shown(&ObjPath::from(rel.as_str())),
                 reason,
             })
+    }
+
+    /// The plaintext of a chunk from the node's cache handed to `deliver`, when the cache holds
+    /// an authentic copy; one that fails authentication is removed.
+    async fn cached_chunk<T, D>(&self, key: &Key, c: &ChunkRef, deliver: D) -> Result<Option<T>>
+    where
+        T: Send + 'static,
+        D: FnOnce(&[u8]) -> Result<T> + Send + 'static,
+    {
+        let Some(cache) = self.cache() else {
+            return Ok(None);
+        };
+        let limit = chunk::max_object_len(c.len as usize);
+        let (cache, kid, id) = (cache.clone(), key.id().to_owned(), c.id.clone());
+        let Some(obj) = blocking(move || cache.get(&kid, &id, limit)).await? else {
+            return Ok(None);
+        };
+        match self.decode_into(key, c, obj, false, deliver).await? {
+            Ok(v) => Ok(Some(v)),
+            Err(reason) => {
+                tracing::warn!(chunk = %c.id, %reason, "a cached chunk failed authentication; removed from the cache, fetching it from the store");
+                if let Some(cache) = self.cache() {
+                    cache.refuse(key.id(), &c.id);
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// A chunk object of at most `limit` bytes, `None` when missing. The body lands in a
@@ -230,36 +290,29 @@ impl Store {
         Ok(Some(buf))
     }
 
-    /// Authenticates, decrypts and decompresses a chunk object and writes the plaintext to its
-    /// place; the inner `Err` is why the object is not the chunk. With `fill`, the object is
+    /// Authenticates, decrypts and decompresses a chunk object and hands the plaintext to
+    /// `deliver`; the inner `Err` is why the object is not the chunk. With `fill`, the object is
     /// also stored in the node's cache (and removed again if it turns out corrupt).
-    async fn decode_write(
+    async fn decode_into<T, D>(
         &self,
         key: &Key,
         c: &ChunkRef,
         mut obj: ChunkBuf,
-        t: &Target,
         fill: bool,
-    ) -> Result<std::result::Result<(), String>> {
-        let permit = self
-            .cpu
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        deliver: D,
+    ) -> Result<std::result::Result<T, String>>
+    where
+        T: Send + 'static,
+        D: FnOnce(&[u8]) -> Result<T> + Send + 'static,
+    {
         let cache = self.cache().cloned().filter(|_| fill);
         let (key, id, len) = (key.clone(), c.id.clone(), c.len as usize);
-        let (handle, off, dest) = (t.handle.clone(), t.off, t.dest.clone());
-        blocking(move || {
-            let _permit = permit;
+        self.on_cpu(move || {
             if let Some(cache) = &cache {
                 cache.insert(key.id(), &id, &mut obj);
             }
             match chunk::decode(&key, &id, len, obj.data_mut()) {
-                Ok(plain) => handle
-                    .write_all_at(plain.as_slice(), off)
-                    .map(Ok)
-                    .map_err(|e| StoreError::io(dest, e)),
+                Ok(plain) => deliver(plain.as_slice()).map(Ok),
                 Err(reason) => {
                     if let Some(cache) = &cache {
                         cache.remove_chunk(key.id(), &id);

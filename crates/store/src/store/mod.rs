@@ -5,6 +5,7 @@ mod get;
 mod lease;
 mod prefetch;
 mod put;
+mod range;
 mod read;
 
 pub use prefetch::PrefetchReport;
@@ -174,6 +175,22 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 impl Store {
+    /// Runs `f` on the blocking pool once the CPU semaphore has a slot: hashing, compression,
+    /// encryption and decryption are bounded to the cores, whatever the I/O concurrency.
+    async fn on_cpu<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let permit = self
+            .cpu
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        blocking(move || {
+            let _permit = permit;
+            f()
+        })
+        .await
+    }
+
     /// Opens a store: `file:///abs/path` or a plain path (created if missing, unless
     /// [`StoreOptions::create`] is off), or `s3://bucket/prefix` (endpoint, credentials and
     /// region from `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,

@@ -168,26 +168,21 @@ impl Store {
             .map(|piece| {
                 let key = key.clone();
                 let claimed = claimed.clone();
-                let cpu = self.cpu.clone();
                 async move {
                     let Piece { unit, seq, buf } = piece?;
                     let len = buf.len() - HEADER_LEN;
-                    let permit = cpu
-                        .acquire_owned()
-                        .await
-                        .map_err(|e| StoreError::Internal(e.to_string()))?;
                     let hkey = key.clone();
-                    let (id, first) = blocking(move || {
-                        let _permit = permit;
-                        let id = hkey.chunk_hash(&buf.data()[HEADER_LEN..]);
-                        // Another piece of this put with the same content stores it.
-                        let first = claimed
-                            .lock()
-                            .map(|mut c| c.insert(*id.as_bytes()))
-                            .unwrap_or(true);
-                        (id, first.then_some(buf))
-                    })
-                    .await?;
+                    let (id, first) = self
+                        .on_cpu(move || {
+                            let id = hkey.chunk_hash(&buf.data()[HEADER_LEN..]);
+                            // Another piece of this put with the same content stores it.
+                            let first = claimed
+                                .lock()
+                                .map(|mut c| c.insert(*id.as_bytes()))
+                                .unwrap_or(true);
+                            (id, first.then_some(buf))
+                        })
+                        .await?;
                     let id_hex = id.to_hex().to_string();
                     let mut written = None;
                     if let Some(buf) = first {
@@ -309,24 +304,18 @@ impl Store {
         buf: ChunkBuf,
         rel: String,
     ) -> Result<u64> {
-        let permit = self
-            .cpu
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
         let (key, compress) = (key.clone(), self.opts.compress);
         // A restore on this node (a restart in place) then finds the chunk without the store.
         let cache = self.cache().cloned();
-        let mut obj = blocking(move || {
-            let _permit = permit;
-            let mut obj = chunk::encode(&key, &id, buf, compress);
-            if let Some(cache) = cache {
-                cache.insert(key.id(), id.to_hex().as_str(), &mut obj);
-            }
-            obj
-        })
-        .await?;
+        let mut obj = self
+            .on_cpu(move || {
+                let mut obj = chunk::encode(&key, &id, buf, compress);
+                if let Some(cache) = cache {
+                    cache.insert(key.id(), id.to_hex().as_str(), &mut obj);
+                }
+                obj
+            })
+            .await?;
         let p = ObjPath::from(rel.as_str());
         let n = obj.len() as u64;
         match &self.direct {

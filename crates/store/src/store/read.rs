@@ -7,7 +7,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use stasis_core::{CheckpointId, CheckpointRef, Manifest, Selector, WorkloadName};
 
 use super::{manifest_path, CheckpointSummary, Store};
-use crate::envelope::{self, MAX_MANIFEST_OBJECT};
+use crate::envelope::{self, UnverifiedChunks, MAX_MANIFEST_OBJECT};
 use crate::error::{Result, StoreError};
 use crate::key::Key;
 
@@ -123,6 +123,27 @@ impl Store {
         w: &WorkloadName,
         id: &CheckpointId,
     ) -> Result<Manifest> {
+        let (path, bytes) = self.manifest_object(w, id).await?;
+        envelope::open(key, &path, w, id, &bytes)
+    }
+
+    /// The key id and chunk list of a checkpoint's manifest, read without the key and not
+    /// authenticated ([`envelope::unverified_chunks`]): for a prefetch only.
+    pub(super) async fn read_unverified_chunks(
+        &self,
+        w: &WorkloadName,
+        id: &CheckpointId,
+    ) -> Result<UnverifiedChunks> {
+        let (path, bytes) = self.manifest_object(w, id).await?;
+        envelope::unverified_chunks(&path, w, id, &bytes)
+    }
+
+    /// A manifest object (its full name, its bytes), bounded by [`MAX_MANIFEST_OBJECT`].
+    async fn manifest_object(
+        &self,
+        w: &WorkloadName,
+        id: &CheckpointId,
+    ) -> Result<(String, Bytes)> {
         let p = manifest_path(w, id);
         let bytes = self
             .get_bounded(&p, MAX_MANIFEST_OBJECT)
@@ -131,7 +152,7 @@ impl Store {
                 reference: format!("{w}/{id}"),
                 path: self.shown(&p),
             })?;
-        envelope::open(key, &self.shown(&p), w, id, &bytes)
+        Ok((self.shown(&p), bytes))
     }
 
     /// The object's full name, for messages.

@@ -38,6 +38,10 @@ log() { echo "stasis-node-install: $*"; }
 die() { echo "stasis-node-install: ERROR: $*" >&2; exit 1; }
 
 [ -d "$HOST" ] || die "the node root is not mounted at $HOST"
+# shellcheck source=node-lock.sh
+. "$(dirname "$0")/node-lock.sh"
+node_lock
+trap node_unlock EXIT
 [ -x /usr/local/bin/stasis-runc ] || die "this image has no /usr/local/bin/stasis-runc (scripts/build-images builds it from crates/runtime)"
 mkdir -p "$HOST$BIN" "$HOST/run/stasis" "$HOST/var/lib/stasis"
 chmod 755 "$HOST/opt/stasis" "$HOST$BIN"

@@ -30,6 +30,8 @@ MANIFEST=/opt/stasis/.installed
 MARK="# written by the stasis node installer"
 
 log() { echo "stasis-node-uninstall: $*"; }
+# shellcheck source=node-lock.sh
+. "$(dirname "$0")/node-lock.sh"
 
 # containers whose shim runs stasis-runc (containerd keeps each task's runc options in its bundle)
 handler_containers() {
@@ -45,6 +47,13 @@ handler_containers() {
 }
 
 uninstall() {
+  mode=$1
+  node_lock
+  uninstall_locked "$mode"
+  node_unlock
+}
+
+uninstall_locked() {
   mode=$1
   if [ ! -f "$HOST$MANIFEST" ]; then
     log "nothing installed on this node ($MANIFEST is missing)"

@@ -389,7 +389,9 @@ async fn retention_ignores_a_policy_label_set_by_the_user() {
         .as_mut()
         .unwrap()
         .insert(names::POLICY.into(), "aaa-keep-one".into());
-    let holder = running_pod("2026-01-01T00:00:00Z");
+    let mut holder = running_pod("2026-01-01T00:00:00Z");
+    // The pod the record names (by name and UID).
+    holder.metadata.name = Some("counter-a".into());
     let ctx = context_with(
         client,
         vec![ck.clone()],
@@ -425,4 +427,74 @@ fn checkpoint_lineage_from_status_only() {
         ..Default::default()
     });
     assert_eq!(checkpoint_lineage(&c), Some(("l.2".into(), 5)));
+}
+
+/// Retention's policy comes from the holder pod, found by the name and UID the record keeps
+/// (a lookup in the pod cache, not a scan of every pod per publish); a pod of that name with
+/// another UID is another pod, and a record naming no pod is looked up by UID.
+#[tokio::test]
+async fn the_holder_pod_is_found_by_name_and_uid() {
+    let r = record_of_a("prod");
+    let mut holder = running_pod("2026-01-01T00:00:00Z");
+    holder.metadata.name = Some("counter-a".into());
+    let mut other = holder.clone();
+    other.metadata.uid = Some("uid-2".into());
+    let ctx = context_with(offline_client(), vec![], vec![], vec![holder], vec![]);
+    let found = holder_pod(&r, &ctx).expect("the holder");
+    assert_eq!(found.metadata.uid.as_deref(), Some("uid-1"));
+    let ctx = context_with(
+        offline_client(),
+        vec![],
+        vec![],
+        vec![other.clone()],
+        vec![],
+    );
+    assert!(holder_pod(&r, &ctx).is_none(), "same name, another UID");
+    let mut unnamed = r.clone();
+    unnamed.holder.as_mut().unwrap().pod = None;
+    let mut renamed = other;
+    renamed.metadata.uid = Some("uid-1".into());
+    renamed.metadata.name = Some("elsewhere".into());
+    let ctx = context_with(offline_client(), vec![], vec![], vec![renamed], vec![]);
+    assert!(
+        holder_pod(&unnamed, &ctx).is_some(),
+        "by UID when no name is kept"
+    );
+}
+
+/// A heartbeat in flight does not reconcile its pod again (the reconcile that created it
+/// requeued itself); its end does, and so does any change of another checkpoint.
+#[test]
+fn only_a_finished_heartbeat_reconciles_its_pod() {
+    let ck = |reason: &str, phase: Option<&str>| -> PodCheckpoint {
+        let mut v = json!({
+            "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
+            "metadata": {"name": "c", "namespace": "prod"},
+            "spec": {"sourcePodName": "p", "sourcePodUID": "u", "reason": reason}
+        });
+        if let Some(p) = phase {
+            v["status"] = json!({"phase": p});
+        }
+        serde_json::from_value(v).unwrap()
+    };
+    for phase in [None, Some("Pending"), Some("Running")] {
+        assert_eq!(pod_to_reconcile(ck("Heartbeat", phase)), None, "{phase:?}");
+    }
+    let pod = Some(ObjectRef::<Pod>::new("p").within("prod"));
+    for phase in ["Succeeded", "Failed"] {
+        assert_eq!(
+            pod_to_reconcile(ck("Heartbeat", Some(phase))),
+            pod,
+            "{phase}"
+        );
+    }
+    for reason in ["Manual", "Termination"] {
+        for phase in [None, Some("Running"), Some("Succeeded")] {
+            assert_eq!(
+                pod_to_reconcile(ck(reason, phase)),
+                pod,
+                "{reason} {phase:?}"
+            );
+        }
+    }
 }
