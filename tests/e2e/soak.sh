@@ -48,6 +48,10 @@
 #   SOAK_KNOWN_DEFECTS (avoid)     avoid: the faults known to make a replacement start cold (agent,
 #                                  kubelet or disk on the destination node during its restore)
 #                                  strike the source node instead, and say so; strike: as drawn
+#   SOAK_FAULTS, SOAK_PHASES       the faults taken in turn and the phases drawn from (default:
+#                                  all of them), e.g. SOAK_FAULTS=kubelet SOAK_PHASES=restore
+#   SOAK_TARGET (random)           in the restore phase, the node struck: source, destination or
+#                                  random
 #   KUBECTL_STASIS                 the plugin that opens checkpoints (target/debug/kubectl-stasis)
 #
 # Needs root. Prints "N passed, M failed", exits non-zero when a check failed.
@@ -70,8 +74,9 @@ MAX_S=${SOAK_MAX_S:-0}
 export STASIS_CLUSTER_CHUNK_CACHE_BYTES=${STASIS_CLUSTER_CHUNK_CACHE_BYTES:-536870912}
 S3_PORT=${STASIS_CLUSTER_S3_PORT:-9000}
 KS=${KUBECTL_STASIS:-$REPO/target/debug/kubectl-stasis}
-FAULTS=(agent controller containerd kubelet s3 node disk s3-cut)
-PHASES=(idle checkpoint restore)
+read -r -a FAULTS <<<"${SOAK_FAULTS:-agent controller containerd kubelet s3 node disk s3-cut}"
+read -r -a PHASES <<<"${SOAK_PHASES:-idle checkpoint restore}"
+TARGET=${SOAK_TARGET:-random}
 # shellcheck source=tests/e2e/lib.sh
 . "$REPO/tests/e2e/lib.sh"
 RESULTS=${SOAK_RESULTS:-$WORK/results.tsv}
@@ -315,7 +320,9 @@ for IT in $(seq 1 "$ITERATIONS"); do
   T_PRE=$(utc)
   retry 60 ckpt_after "$P" "$T_PRE" || retry 1 n_ckpts "$NS" "$P" 1 || echo "# $IT: no checkpoint of $P succeeded in 60 s before the fault"
   T=$N
-  [ "$PH" = restore ] && [ $((RANDOM % 2)) = 1 ] && T=$D
+  if [ "$PH" = restore ]; then
+    case $TARGET in destination) T=$D ;; source) ;; *) [ $((RANDOM % 2)) = 1 ] && T=$D ;; esac
+  fi
   # (the controller and the S3 server are the cluster's, not a node's)
   case $F in controller | s3) T=- ;; esac
   # Known defects (docs/benchmarks.md, "Soak under faults"): the agent or the kubelet killed, or

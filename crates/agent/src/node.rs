@@ -83,12 +83,14 @@ pub trait Cluster: Send + Sync {
     );
     /// The wrapper's report of a restore or a cold start.
     fn report(&self, req: &ReportRequest);
-    /// A container of `pod` was OOM-killed: `Ok(checkpoint)` when its restart restores that
-    /// checkpoint in place (record it), `Err(why)` when it starts cold (say why).
+    /// A container of `pod` was OOM-killed, or lost its restore before it started (`cause`):
+    /// `Ok(checkpoint)` when its restart restores that checkpoint in place (record it),
+    /// `Err(why)` when it starts cold (say why).
     fn restart_in_place(
         &self,
         pod: &PodInfo,
         container: &str,
+        cause: InPlace,
         decision: std::result::Result<&str, &NotInPlace>,
     );
     /// The pod's final checkpoint was skipped because it could not finish before its deadline
@@ -97,6 +99,16 @@ pub trait Cluster: Send + Sync {
     /// A member of the pod's restore started cold and its peers followed (what was stopped
     /// and withdrawn): a Warning Event on the pod.
     fn out_of_step(&self, _pod: &PodRef, _what: &OutOfStep) {}
+}
+
+/// Why a container restarts in place from a checkpoint kept on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InPlace {
+    /// The OOM killer ended it.
+    OomKilled,
+    /// Its create was given up after it had taken its restore (the kubelet or containerd died or
+    /// timed out): the workload never ran from it, and the next create restores it again.
+    RestoreLost,
 }
 
 /// No cluster: pods are known from the container annotations alone, each writes its own
@@ -139,7 +151,14 @@ impl Cluster for Standalone {
     ) {
     }
     fn report(&self, _: &ReportRequest) {}
-    fn restart_in_place(&self, _: &PodInfo, _: &str, _: std::result::Result<&str, &NotInPlace>) {}
+    fn restart_in_place(
+        &self,
+        _: &PodInfo,
+        _: &str,
+        _: InPlace,
+        _: std::result::Result<&str, &NotInPlace>,
+    ) {
+    }
 }
 
 /// Pods with a checkpoint in progress: one at a time per pod. A waiter sleeps on a condition
@@ -280,6 +299,7 @@ impl Agent {
         &self,
         pod: &PodInfo,
         name: &str,
+        cause: InPlace,
         kept: &KeptLatest,
     ) -> std::result::Result<u64, NotInPlace> {
         let refused = |why: String| NotInPlace::Fetch {
@@ -321,10 +341,10 @@ impl Agent {
             .name("restart-in-place".into())
             .spawn(move || {
                 let r = exec.prepare_in_place(&job, until, |checkpoint| {
-                    cluster.restart_in_place(&pod, &name, Ok(checkpoint))
+                    cluster.restart_in_place(&pod, &name, cause, Ok(checkpoint))
                 });
                 if let Err(why) = r {
-                    cluster.restart_in_place(&pod, &name, Err(&why));
+                    cluster.restart_in_place(&pod, &name, cause, Err(&why));
                 }
             })
             .map_err(|e| refused(format!("cannot start its thread: {e}")))?;
@@ -532,20 +552,31 @@ impl NodeHandler for Agent {
     }
 
     fn container_exited(&self, req: &ContainerExitedRequest) -> ResponseBody {
-        if !req.oom_killed {
-            return ResponseBody::NoPlan {
-                reason: "not killed by the OOM killer".into(),
-            };
-        }
+        // A lost restore first: the container never ran, whatever its memory cgroup says.
+        let cause = match (&req.restore_lost, req.oom_killed) {
+            (Some(_), _) => InPlace::RestoreLost,
+            (None, true) => InPlace::OomKilled,
+            (None, false) => {
+                return ResponseBody::NoPlan {
+                    reason: "not killed by the OOM killer".into(),
+                }
+            }
+        };
         let Some(pod) = self.cluster.pod(&req.pod) else {
             return ResponseBody::NoPlan {
                 reason: "its pod is not known on this node".into(),
             };
         };
         let name = req.pod.container_name.as_str();
+        if cause == InPlace::RestoreLost {
+            // (before runc deletes the container, whose process a lazy restore still serves)
+            self.exec.restore_lost(&pod.key.uid, name);
+        }
         let decision = if pod.deletion_deadline.is_some() {
             Err(NotInPlace::PodDeleting)
-        } else if !pod.restarts_in_place {
+        } else if !pod.restarts_in_place && cause == InPlace::OomKilled {
+            // (a create given up is tried again whatever the restart policy: the container
+            // never ran)
             Err(NotInPlace::RestartPolicyNever)
         } else {
             self.exec
@@ -554,16 +585,28 @@ impl NodeHandler for Agent {
                     true => Ok(kept),
                     false => Err(NotInPlace::RuntimeCannotWait),
                 })
-                .and_then(|kept| self.start_in_place(&pod, name, &kept).map(|w| (kept, w)))
+                .and_then(|kept| {
+                    self.start_in_place(&pod, name, cause, &kept)
+                        .map(|w| (kept, w))
+                })
         };
-        info!(container = %req.container_id, pod = %pod.key.name, ?decision, "container OOM-killed");
+        match cause {
+            InPlace::OomKilled => {
+                info!(container = %req.container_id, pod = %pod.key.name, ?decision, "container OOM-killed")
+            }
+            InPlace::RestoreLost => warn!(
+                container = %req.container_id, pod = %pod.key.name,
+                lost = req.restore_lost.as_deref().unwrap_or_default(), ?decision,
+                "a restored container was deleted before it started: its restore was lost"
+            ),
+        }
         match decision {
             Ok((kept, wait_ms)) => ResponseBody::Preparing {
                 checkpoint_ref: kept.checkpoint_ref,
                 wait_ms,
             },
             Err(why) => {
-                self.cluster.restart_in_place(&pod, name, Err(&why));
+                self.cluster.restart_in_place(&pod, name, cause, Err(&why));
                 ResponseBody::NoPlan {
                     reason: why.to_string(),
                 }

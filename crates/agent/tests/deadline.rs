@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use stasis_agent::error::Result;
 use stasis_agent::executor::{CheckpointJob, CheckpointOutcome, NotInPlace, Target};
 use stasis_agent::fence::{Stamp, Verdict};
-use stasis_agent::node::{Agent, Busy, Cluster, PodInfo, Standalone};
+use stasis_agent::node::{Agent, Busy, Cluster, InPlace, PodInfo, Standalone};
 use stasis_agent::server::NodeHandler;
 use stasis_agent::status::PodKey;
 use stasis_core::interval::{Measured, COST_SAMPLES};
@@ -66,8 +66,14 @@ impl Cluster for Recording {
     fn report(&self, req: &ReportRequest) {
         Standalone.report(req)
     }
-    fn restart_in_place(&self, p: &PodInfo, c: &str, d: std::result::Result<&str, &NotInPlace>) {
-        Standalone.restart_in_place(p, c, d)
+    fn restart_in_place(
+        &self,
+        p: &PodInfo,
+        c: &str,
+        cause: InPlace,
+        d: std::result::Result<&str, &NotInPlace>,
+    ) {
+        Standalone.restart_in_place(p, c, cause, d)
     }
     fn final_skipped(&self, _: &PodInfo, message: &str) {
         self.skipped.lock().unwrap().push(message.to_owned());

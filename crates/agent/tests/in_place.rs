@@ -8,7 +8,12 @@
 //!   at once with `preparing`; the restarted container's `stasis-runc create` waits for the plan
 //!   (the pending note `delete` writes from that answer), restores from the cache, and the count
 //!   continues from the checkpoint; the restore directory is removed after the restore;
-//! - a second OOM kill before the next checkpoint gets `no_plan` (no restore loop).
+//! - a second OOM kill before the next checkpoint gets `no_plan` (no restore loop);
+//! - a restore lost before its container started (the create that took the plan was given up,
+//!   as when the kubelet dies during it, and the container deleted without a start): the
+//!   wrapper's `delete` tells the agent, which prepares the same checkpoint again, and the next
+//!   create restores it instead of starting cold. A container that did start is not taken for
+//!   one.
 //!
 //! Needs what `executor.rs` needs (root, CRIU, runc, the counter image, `stasis-runc`); prints
 //! SKIPPED without them (fails when `CI` is set). The store here is `file://`: the cache and its
@@ -17,10 +22,12 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use stasis_agent::executor::PrepareJob;
 use stasis_node_api::planfile::{self, Pending};
 use stasis_node_api::{
     CheckpointAnswer, Client, ContainerExitedRequest, ExitAnswer, FinalCheckpointRequest, PodRef,
@@ -111,6 +118,7 @@ fn oom_restart_in_place_through_the_chunk_cache_keeps_no_image_on_the_node() {
                 pod: pod.clone(),
                 oom_killed: true,
                 wait_for_plan,
+                restore_lost: None,
             })
             .expect("container_exited")
     };
@@ -188,5 +196,107 @@ fn oom_restart_in_place_through_the_chunk_cache_keeps_no_image_on_the_node() {
         other => panic!("{other:?}"),
     }
 
+    drop(server);
+}
+
+#[test]
+fn a_restore_lost_before_its_container_started_restores_again_on_the_next_create() {
+    if !ready("a_restore_lost_before_its_container_started_restores_again_on_the_next_create") {
+        return;
+    }
+    let mut w = World::new("lost");
+    let rt = runtime();
+    let exec = executor(&w, &rt);
+    let env = ["STATE_MB=16", "INTERVAL_MS=100"];
+    let source = PodRef {
+        pod_uid: "uid-lost-src".into(),
+        pod_namespace: "default".into(),
+        pod_name: "counter-s".into(),
+        container_name: "counter".into(),
+    };
+    let b1 = pod_bundle(&w, "b1", &env, &source.pod_uid, &source.pod_name);
+    let lines = w.run_piped(&b1, "c1");
+    wait_counts(&lines, 5);
+    let server = AgentServer::start(&w, &exec);
+    let before = last_count(&lines).unwrap();
+    let answer = Client::new(&server.sock)
+        .final_checkpoint(FinalCheckpointRequest {
+            container_id: "c1".into(),
+            pod: source.clone(),
+            deadline_ms: 30_000,
+            answer_when_captured: false,
+        })
+        .expect("checkpoint");
+    let CheckpointAnswer::Done { checkpoint_ref, .. } = answer else {
+        panic!("checkpoint: {answer:?}");
+    };
+    let after = last_count(&lines).unwrap();
+    w.runc().delete_force("c1").unwrap();
+
+    // The replacement pod's restore, prepared as for its PodRestore.
+    let uid = "uid-lost-new";
+    let b2 = pod_bundle(&w, "b2", &env, uid, "counter-n");
+    exec.prepare(&PrepareJob {
+        reference: checkpoint_ref.parse().unwrap(),
+        namespace: "default".into(),
+        pod_uid: uid.into(),
+        container_name: None,
+        layout: None,
+        spec_hash: None,
+        image_digest: stasis_engine::restore::bundle_image_digest(&b2).unwrap(),
+        declared: BTreeMap::new(),
+        manifest_digest: None,
+    })
+    .expect("prepare");
+    let plans = w.run_dir().join("plans");
+    let pending = planfile::path_for_pending(&plans, uid, "counter").unwrap();
+
+    // The create restores and takes the plan; the kubelet dies before `start`, and containerd
+    // deletes the container it gave up on.
+    let _lost = wrapper_create(&mut w, &b2, "c2");
+    assert!(
+        !plans.join(format!("pod_{uid}_counter.json")).exists(),
+        "the create took the plan"
+    );
+    assert!(wrapper(&w, &["delete", "--force", "c2"]).success());
+    let log_file = w.path("log.json");
+    let log = || std::fs::read_to_string(&log_file).unwrap_or_default();
+    assert!(
+        pending.exists(),
+        "the delete of a container that never started waits for its restore again; log: {}",
+        log()
+    );
+    assert!(
+        log().contains(&format!(
+            "c2 was deleted before it started, losing its restore from {checkpoint_ref}: the agent is preparing"
+        )),
+        "{}",
+        log()
+    );
+
+    // The kubelet's next create of the container restores the same checkpoint.
+    let rx = wrapper_create_start(&mut w, &b2, "c3");
+    let first = first_count(&rx);
+    eprintln!(
+        "lost restore: the next create restored {checkpoint_ref}: first count {first} (counted {before}..{after} around the checkpoint)"
+    );
+    assert!(
+        first > before && first <= after + 1,
+        "first={first}, before={before}, after={after}; log: {}",
+        log()
+    );
+
+    // A container that started is not taken for a lost restore when it is deleted.
+    wait_for("the restart-in-place's pending note to go", 5, || {
+        !pending.exists()
+    });
+    assert!(wrapper(&w, &["delete", "--force", "c3"]).success());
+    assert!(!pending.exists(), "log: {}", log());
+    assert_eq!(
+        log().matches("deleted before it started").count(),
+        1,
+        "{}",
+        log()
+    );
     drop(server);
 }

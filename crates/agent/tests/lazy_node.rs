@@ -8,7 +8,10 @@
 //! - the counter continues its count with `state=ok` (a full check of its state after
 //!   residency), and the time from `create` to running is printed;
 //! - a chunk damaged in the bucket, needed after the container runs, kills the container, and
-//!   the failure the agent reports (its restore status and Event) names the chunk.
+//!   the failure the agent reports (its restore status and Event) names the chunk;
+//! - a lazy restore lost before its container started (the create given up, the container
+//!   deleted without a start) is served again for the next create, with no failure reported for
+//!   the process the first one restored.
 //!
 //! Needs root, CRIU >= 4.2, runc, the counter image (`scripts/build-counter-image`), s3s-fs
 //! (`scripts/build-platform s3s-fs`) and `stasis-runc` (`cargo build -p stasis-runtime`); run
@@ -323,4 +326,61 @@ fn a_damaged_chunk_fails_the_restore_or_kills_the_container() {
             "the workload ran on wrong memory: {l}"
         );
     }
+}
+
+#[test]
+fn a_lazy_restore_lost_before_its_container_started_is_served_again() {
+    let test = "a_lazy_restore_lost_before_its_container_started_is_served_again";
+    let Some(mut lab) = Lab::new(test, "node-lost") else {
+        return;
+    };
+    let (before, reference) = lab.checkpointed_counter("nlost-a");
+    let uid = "uid-lost-1";
+    let b = pod_bundle(
+        &lab.w,
+        "b-lost",
+        &[STATE_MB, "INTERVAL_MS=50"],
+        uid,
+        "counter-b",
+    );
+    let prepared = lab.prepare(&reference, uid, &b);
+    assert!(plan_of(&prepared.plan_path).lazy);
+    let server = AgentServer::start(&lab.w, &lab.exec);
+    let log_file = lab.w.path("log.json");
+    let log = || std::fs::read_to_string(&log_file).unwrap_or_default();
+
+    // The create restores lazily and takes the plan; it is given up before `start`.
+    let _lost = wrapper_create(&mut lab.w, &b, "nlost-b");
+    assert!(wrapper(&lab.w, &["delete", "--force", "nlost-b"]).success());
+    let pending =
+        stasis_node_api::planfile::path_for_pending(&lab.w.run_dir().join("plans"), uid, "counter")
+            .unwrap();
+    assert!(
+        pending.exists(),
+        "no wait for the restore again; log: {}",
+        log()
+    );
+
+    // The next create restores the checkpoint again, lazily, and the count goes on.
+    let rx = wrapper_create_start(&mut lab.w, &b, "nlost-c");
+    let first = first_count(&rx);
+    eprintln!("lazy restore lost, then served again: first count {first} after {before}");
+    assert!(
+        first > before && first <= before + 3,
+        "first={first}, before={before}; log: {}",
+        log()
+    );
+    lab.metrics_show(
+        "stasis_agent_restores_total{result=\"lazy_resident\"} 1",
+        120,
+    );
+    // The first restore's process, killed with its container, is no failure of the restore.
+    assert!(
+        lab.failures.lock().unwrap().is_empty(),
+        "{:?}",
+        lab.failures.lock().unwrap()
+    );
+    assert!(!lab.exec.metrics.render().contains("lazy_failed"));
+    assert_full_check(&lab.w, "nlost-c");
+    drop(server);
 }

@@ -199,6 +199,10 @@ pub mod event {
     /// A container neared its memory limit, or its node reports memory pressure: a checkpoint
     /// started (the `PodCheckpoint` reason of the same name).
     pub const MEMORY_PRESSURE: &str = "MemoryPressure";
+    /// A restored container's create was given up before the container started (the kubelet
+    /// or containerd died or timed out): the agent prepares the same checkpoint again for the
+    /// next create.
+    pub const RESTORE_RETRIED: &str = "RestoreRetried";
 }
 
 #[cfg(test)]

@@ -81,6 +81,12 @@ pub struct ContainerExitedRequest {
     /// answers `preparing`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub wait_for_plan: bool,
+    /// The container was restored from this checkpoint and deleted before it ever started (the
+    /// kubelet or containerd gave up on its create, which had consumed the restore's plan): the
+    /// restore was lost before the workload ran, and the next create of the container should
+    /// restore again. Absent from runtimes that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_lost: Option<String>,
 }
 
 /// The longest a runtime's `create` waits for a restart in place being prepared, whatever the
@@ -391,12 +397,21 @@ mod tests {
                 pod: pod(),
                 oom_killed: true,
                 wait_for_plan: true,
+                restore_lost: None,
             }),
             RequestBody::ContainerExited(ContainerExitedRequest {
                 container_id: "c".into(),
                 pod: pod(),
                 oom_killed: true,
                 wait_for_plan: false,
+                restore_lost: None,
+            }),
+            RequestBody::ContainerExited(ContainerExitedRequest {
+                container_id: "c".into(),
+                pod: pod(),
+                oom_killed: false,
+                wait_for_plan: true,
+                restore_lost: Some("l/1".into()),
             }),
         ]);
         for b in reqs {
@@ -487,6 +502,7 @@ mod tests {
                 pod: pod(),
                 oom_killed: true,
                 wait_for_plan: true,
+                restore_lost: None,
             },
         )))
         .unwrap();

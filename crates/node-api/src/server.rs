@@ -250,6 +250,7 @@ mod tests {
                 pod: PodRef::default(),
                 oom_killed: oom,
                 wait_for_plan,
+                restore_lost: None,
             })
             .unwrap()
         };

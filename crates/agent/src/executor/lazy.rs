@@ -354,8 +354,10 @@ impl Executor {
                     metrics.phase_ms("lazy_resident", rep.resident_ms);
                     info!(pod_uid = %id.0, container = %id.1, checkpoint_ref = %reference, resident_ms = rep.resident_ms, requests = rep.requests, demand_fetches = rep.demand_fetches, "lazily restored container resident");
                 }
-                // Cancelled before any container ran on the files: nothing to report.
-                Err(e) if announced.as_ref().and_then(|a| a.outcome) != Some(true) => {
+                // Cancelled before any container ran on the files, or withdrawn on purpose (a
+                // newer restore of the container, its pod gone, its restore lost before the
+                // container started): nothing to report.
+                Err(e) if !current || announced.as_ref().and_then(|a| a.outcome) != Some(true) => {
                     info!(pod_uid = %id.0, container = %id.1, reason = %e, "lazy restore no longer served");
                 }
                 Err(e) => {
@@ -419,6 +421,17 @@ impl Executor {
             "the container was not restored from it",
         );
         false
+    }
+
+    /// A container's restore was lost before the container started (its create was given up):
+    /// its lazy restore stops being served, without a failure report when the process it served
+    /// is killed with the container (the restart in place serves the checkpoint again).
+    pub fn restore_lost(&self, pod_uid: &str, container_name: &str) {
+        self.lazy.cancel(
+            pod_uid,
+            container_name,
+            "its container was deleted before it started",
+        );
     }
 
     /// Stops serving the lazy restores of pods no longer on this node.

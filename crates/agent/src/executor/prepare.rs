@@ -44,6 +44,25 @@ impl Executor {
                 self.write_skip(&job.pod_uid, name, &first.plan.checkpoint_ref)?;
             }
         }
+        // Until a container takes a checkpoint of its own, the one it restores is its latest:
+        // a restart in place (an OOM kill, a create given up after it had restored) restores
+        // it again, as on the node that took it.
+        if self.cfg.keep_latest {
+            for f in &fetched {
+                let kept = KeptLatest {
+                    checkpoint_ref: f.plan.checkpoint_ref.clone(),
+                    rootfs_method: f.plan.rootfs_method,
+                    tcp_established: f.plan.tcp_established,
+                    namespace: job.namespace.clone(),
+                    manifest_digest: job.manifest_digest.clone(),
+                    bytes: f.bytes,
+                    image_digest: job.image_digest.clone(),
+                };
+                if let Err(e) = self.keep_latest(&job.pod_uid, &f.container_name, &kept) {
+                    warn!(checkpoint_ref = %kept.checkpoint_ref, error = %e, "could not keep the restored checkpoint's reference on the node");
+                }
+            }
+        }
         let names: Vec<&str> = fetched.iter().map(|f| f.container_name.as_str()).collect();
         self.restoring_members(&job.pod_uid, &names);
         info!(checkpoint_ref = %first.plan.checkpoint_ref, pod_uid = %job.pod_uid, containers = ?names, fetch_ms = first.fetch_ms, "restore prepared");

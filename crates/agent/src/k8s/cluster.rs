@@ -18,7 +18,7 @@ use super::{is_status, pod_info, MANAGER};
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointOutcome, Executor, NotInPlace, OutOfStep};
 use crate::fence::{self, RecordFacts, Stamp, Verdict};
-use crate::node::{Cluster, PodInfo};
+use crate::node::{Cluster, InPlace, PodInfo};
 use crate::status::{self, PodKey};
 use stasis_api::names::{self, reason, AGENT_COMPONENT};
 
@@ -119,6 +119,44 @@ impl KubeCluster {
             .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
             .map(|p| p.name_any())
     }
+
+    /// A container of `pod` lost its restore before it started (its create was given up): a
+    /// Normal Event when the checkpoint is prepared again for the next create (whose report
+    /// turns the pod's PodRestore `Restored` as usual), else the cold start reported as the
+    /// wrapper reports one (the PodRestore `ColdStart`, a Warning Event), since that next
+    /// create, finding no plan, would start cold without a word.
+    fn restore_lost(
+        &self,
+        pod: &PodInfo,
+        container: &str,
+        decision: std::result::Result<&str, &NotInPlace>,
+    ) {
+        let lost =
+            "was deleted before it started (its create was given up), which lost its restore";
+        match decision {
+            Ok(checkpoint) => {
+                let msg = format!("container {container} {lost}; {checkpoint} is prepared again for its next create");
+                self.rt
+                    .block_on(self.emit(&pod.key, names::event::RESTORE_RETRIED, &msg, false));
+            }
+            Err(why) => self.report(&ReportRequest {
+                container_id: String::new(),
+                pod: PodRef {
+                    pod_uid: pod.key.uid.clone(),
+                    pod_namespace: pod.key.namespace.clone(),
+                    pod_name: pod.key.name.clone(),
+                    container_name: container.to_owned(),
+                },
+                event: ReportEvent::ColdStart {
+                    cause: stasis_node_api::ColdStartCause::RestoreFailed,
+                    reason: format!(
+                        "container {container} {lost}, and it could not be prepared again: {why}"
+                    ),
+                    checkpoint_ref: None,
+                },
+            }),
+        }
+    }
 }
 
 impl Cluster for KubeCluster {
@@ -180,8 +218,12 @@ impl Cluster for KubeCluster {
         &self,
         pod: &PodInfo,
         container: &str,
+        cause: InPlace,
         decision: std::result::Result<&str, &NotInPlace>,
     ) {
+        if cause == InPlace::RestoreLost {
+            return self.restore_lost(pod, container, decision);
+        }
         let key = pod.key.clone();
         let checkpoint = match decision {
             Ok(c) => c.to_owned(),

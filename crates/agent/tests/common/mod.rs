@@ -97,22 +97,17 @@ pub fn current_thread_runtime() -> tokio::runtime::Runtime {
 /// when a plan is there for it), then `start`; the container's stdout lines. Panics with runc's
 /// log when either fails.
 pub fn wrapper_create_start(w: &mut World, bundle: &Path, id: &str) -> mpsc::Receiver<String> {
+    let rx = wrapper_create(w, bundle, id);
+    let st = wrapper(w, &["start", id]);
+    assert!(st.success(), "start");
+    rx
+}
+
+/// The shim's `create` through `stasis-runc` alone (a restore when a plan is there for it):
+/// the container's stdout lines. Panics with runc's log when it fails.
+pub fn wrapper_create(w: &mut World, bundle: &Path, id: &str) -> mpsc::Receiver<String> {
     w.track(id);
-    let globals = [
-        "--root".to_owned(),
-        w.runc_root.display().to_string(),
-        "--log".to_owned(),
-        w.path("log.json").display().to_string(),
-        "--log-format".to_owned(),
-        "json".to_owned(),
-    ];
-    let wrapper = wrapper_binary().unwrap();
-    let mut child = Command::new(&wrapper)
-        .env("STASIS_RUN_DIR", w.run_dir())
-        .env_remove("STASIS_REAL_RUNC")
-        .env_remove("STASIS_AGENT_SOCKET")
-        .env_remove("STASIS_RUNC_PASSTHROUGH")
-        .args(&globals)
+    let mut child = wrapper_command(w)
         .arg("create")
         .arg("--bundle")
         .arg(bundle)
@@ -139,14 +134,27 @@ pub fn wrapper_create_start(w: &mut World, bundle: &Path, id: &str) -> mpsc::Rec
         "create: {st}; log: {}",
         std::fs::read_to_string(w.path("log.json")).unwrap_or_default()
     );
-    let st = Command::new(&wrapper)
-        .env("STASIS_RUN_DIR", w.run_dir())
-        .args(&globals)
-        .args(["start", id])
-        .status()
-        .unwrap();
-    assert!(st.success(), "start");
     rx
+}
+
+/// Another of the shim's calls through `stasis-runc` (`start ID`, `delete --force ID`).
+pub fn wrapper(w: &World, args: &[&str]) -> std::process::ExitStatus {
+    wrapper_command(w).args(args).status().unwrap()
+}
+
+/// `stasis-runc` with the shim's global flags, on the world's run directory and runc root.
+fn wrapper_command(w: &World) -> Command {
+    let mut c = Command::new(wrapper_binary().unwrap());
+    c.env("STASIS_RUN_DIR", w.run_dir())
+        .env_remove("STASIS_REAL_RUNC")
+        .env_remove("STASIS_AGENT_SOCKET")
+        .env_remove("STASIS_RUNC_PASSTHROUGH")
+        .arg("--root")
+        .arg(&w.runc_root)
+        .arg("--log")
+        .arg(w.path("log.json"))
+        .args(["--log-format", "json"]);
+    c
 }
 
 /// Waits, at most `secs`, until `f` holds (polling every 50 ms).

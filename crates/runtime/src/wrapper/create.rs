@@ -252,20 +252,32 @@ impl Ctx {
     ) -> ! {
         let ckpt = Some(plan.checkpoint_ref.clone());
         let started = Instant::now();
+        // The marker goes down before anything is restored: `start` finds it (the container runs
+        // already), and so does `delete` of a container that never started, whose create was
+        // given up while or after it restored (the kubelet or containerd died, or timed out):
+        // that restore is lost, and the agent prepares it again for the next create.
+        if let Err(e) = self.mark_restored(id, plan) {
+            self.cold(
+                id,
+                kind,
+                Cold::doubt(
+                    ColdStartCause::RestoreFailed,
+                    format!("cannot write the restore marker: {e}"),
+                    ckpt,
+                ),
+            );
+        }
         if let Some(method) = plan.rootfs_method {
             if let Err(e) = stasis_engine::rootfs::apply(
                 &ImageDir::new(&plan.image_dir),
                 method,
                 &bundle.rootfs,
             ) {
-                self.cold(
+                self.not_restored(
                     id,
                     kind,
-                    Cold::doubt(
-                        ColdStartCause::RestoreFailed,
-                        format!("putting the checkpoint's files back failed ({e}); the rootfs may hold part of them"),
-                        ckpt,
-                    ),
+                    format!("putting the checkpoint's files back failed ({e}); the rootfs may hold part of them"),
+                    ckpt,
                 );
             }
         }
@@ -283,14 +295,11 @@ impl Ctx {
             .mode(0o700)
             .create(&work)
         {
-            self.cold(
+            self.not_restored(
                 id,
                 kind,
-                Cold::doubt(
-                    ColdStartCause::RestoreFailed,
-                    format!("cannot make the work dir {}: {e}", work.display()),
-                    ckpt,
-                ),
+                format!("cannot make the work dir {}: {e}", work.display()),
+                ckpt,
             );
         }
         // Established TCP connections: kept where they can continue, closed elsewhere (a pod's
@@ -337,14 +346,11 @@ impl Ctx {
                     .into(),
             };
             if let Err(e) = lazy::announce(dir, &runc, id, std::process::id() as i32) {
-                self.cold(
+                self.not_restored(
                     id,
                     kind,
-                    Cold::doubt(
-                        ColdStartCause::RestoreFailed,
-                        format!("cannot name the container to the agent serving its memory: {e}"),
-                        ckpt,
-                    ),
+                    format!("cannot name the container to the agent serving its memory: {e}"),
+                    ckpt,
                 );
             }
         }
@@ -353,14 +359,7 @@ impl Ctx {
             let _ = lazy::announce_outcome(dir, matches!(&status, Ok(s) if s.success()));
         }
         let failure = match status {
-            Ok(s) if s.success() => self
-                .resume_gpu(id, c, &bundle.dir, plan)
-                .and_then(|()| {
-                    self.mark_restored(id, plan).map_err(|e| {
-                        format!("restored, but the marker for start could not be written: {e}")
-                    })
-                })
-                .err(),
+            Ok(s) if s.success() => self.resume_gpu(id, c, &bundle.dir, plan).err(),
             Ok(s) => Some(format!(
                 "runc restore failed ({s}){}",
                 criu_errors(&work.join("restore.log"))
@@ -376,17 +375,12 @@ impl Ctx {
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .status();
-            let _ = std::fs::remove_file(self.cfg.restored_dir().join(id));
             let files = if plan.rootfs_method.is_some() {
                 " (the checkpoint's files stay in the rootfs, as after a crash)"
             } else {
                 ""
             };
-            self.cold(
-                id,
-                kind,
-                Cold::doubt(ColdStartCause::RestoreFailed, format!("{why}{files}"), ckpt),
-            );
+            self.not_restored(id, kind, format!("{why}{files}"), ckpt);
         }
         if bundle.own_netns {
             self.loopback_up(id, c.pid_file.as_deref());
@@ -410,6 +404,17 @@ impl Ctx {
             },
         );
         std::process::exit(0)
+    }
+
+    /// A restore that failed in this create: its marker goes (the cold container's `start` must
+    /// run it, and its `delete` must not take the restore for lost), then the cold start.
+    fn not_restored(&self, id: &str, kind: &ContainerKind, why: String, ckpt: Option<String>) -> ! {
+        let _ = std::fs::remove_file(self.cfg.restored_dir().join(id));
+        self.cold(
+            id,
+            kind,
+            Cold::doubt(ColdStartCause::RestoreFailed, why, ckpt),
+        )
     }
 
     /// The checkpoint's CUDA processes come back from `runc restore` with their GPU state in host

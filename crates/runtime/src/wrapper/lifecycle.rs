@@ -1,5 +1,6 @@
 //! `start`, `kill` and `delete`: what the wrapper adds to runc's own (the restored marker, the
-//! checkpoint before a SIGTERM, the exit report of an OOM-killed container).
+//! checkpoint before a SIGTERM, the exit report of an OOM-killed container or of one whose
+//! restore was lost before it started).
 
 use super::*;
 
@@ -111,32 +112,47 @@ impl Ctx {
 
     pub(super) fn delete(&self, id: Option<&str>) -> ! {
         if let Some(id) = id.filter(|i| planfile::path_for_container(Path::new("/"), i).is_some()) {
-            let _ = std::fs::remove_file(self.cfg.restored_dir().join(id));
+            // The restore marker of a container that never started: its create restored it (or
+            // was stopped while restoring it) and was then given up, so the restore is lost.
+            let marker = self.cfg.restored_dir().join(id);
+            let lost = std::fs::read(&marker)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<RestoredMarker>(&b).ok())
+                .filter(|m| m.root == self.inv.globals.root)
+                .map(|m| m.checkpoint_ref);
+            let _ = std::fs::remove_file(&marker);
             let _ = std::fs::remove_dir_all(self.cfg.work_dir().join(id));
-            self.tell_exit(id);
+            self.tell_exit(id, lost);
         }
         self.passthrough()
     }
 
-    /// An app container killed by the OOM killer: tell the agent before runc deletes its state
+    /// An app container killed by the OOM killer, or one whose restore was lost before it
+    /// started (`restore_lost`: the checkpoint): tell the agent before runc deletes its state
     /// and cgroup (the only place that still says so). The agent answers at once that it is
     /// preparing the restore in place; the note of it makes the restart's `create` wait for the
     /// plan (`inplace`). Bounded (500 ms); a missing agent is quiet; an answer this runtime does
     /// not know is no plan (a cold start).
-    pub(super) fn tell_exit(&self, id: &str) {
+    pub(super) fn tell_exit(&self, id: &str, restore_lost: Option<String>) {
         let Some((raw, kind)) = self.runc_state(id) else {
             return;
         };
-        if !matches!(kind, ContainerKind::App(_)) || !bundle::oom_killed_from_runc_state(&raw) {
+        let oom_killed = bundle::oom_killed_from_runc_state(&raw);
+        if !matches!(kind, ContainerKind::App(_)) || !(oom_killed || restore_lost.is_some()) {
             return;
         }
+        let what = match &restore_lost {
+            Some(c) => format!("{id} was deleted before it started, losing its restore from {c}"),
+            None => format!("{id} was OOM-killed"),
+        };
         let answer =
             self.client(Duration::from_millis(500))
                 .container_exited(ContainerExitedRequest {
                     container_id: id.to_owned(),
                     pod: pod_of(&kind),
-                    oom_killed: true,
+                    oom_killed,
                     wait_for_plan: true,
+                    restore_lost,
                 });
         match answer {
             Ok(ExitAnswer::Preparing {
@@ -154,29 +170,26 @@ impl Ctx {
                 ) {
                     Ok(bound) => self.log(
                         Level::Info,
-                        &format!("{id} was OOM-killed: the agent is preparing its restart in place from {checkpoint_ref}; its create waits up to {bound} ms for it"),
+                        &format!("{what}: the agent is preparing its restart in place from {checkpoint_ref}; its create waits up to {bound} ms for it"),
                     ),
                     Err(e) => self.log(
                         Level::Warning,
-                        &format!("{id} was OOM-killed; its restart cannot wait for the restore in place being prepared ({e}) and may start cold"),
+                        &format!("{what}; its restart cannot wait for the restore in place being prepared ({e}) and may start cold"),
                     ),
                 }
             }
             Ok(ExitAnswer::Plan(p)) => self.log(
                 Level::Info,
-                &format!(
-                    "{id} was OOM-killed: its restart restores {} in place",
-                    p.checkpoint_ref
-                ),
+                &format!("{what}: its restart restores {} in place", p.checkpoint_ref),
             ),
             Ok(ExitAnswer::NoPlan { reason }) => self.log(
                 Level::Info,
-                &format!("{id} was OOM-killed; its restart starts cold: {reason}"),
+                &format!("{what}; its restart starts cold: {reason}"),
             ),
             Err(e) if e.is_no_agent() => {}
             Err(e) => self.log(
                 Level::Warning,
-                &format!("{id} was OOM-killed; no answer from the agent: {e}"),
+                &format!("{what}; no answer from the agent: {e}"),
             ),
         }
     }
