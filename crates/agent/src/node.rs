@@ -263,6 +263,29 @@ pub struct Agent {
 impl Agent {
     /// Passes a restore's outcome (the wrapper's report, or a lazy restore whose memory could
     /// not arrive) to the cluster, and keeps the rest of its pod in step with it.
+    /// Takes the reports runtimes left in the plans directory `dir` while no agent listened
+    /// (`planfile::write_report`): each is handled as if it had come over the socket, then
+    /// removed (first: a report that fails is not taken again). Returns how many were taken.
+    pub fn take_undelivered_reports(&self, dir: &std::path::Path) -> usize {
+        let mut taken = 0;
+        for path in stasis_node_api::planfile::undelivered_reports(dir) {
+            let read = stasis_node_api::planfile::read_report(&path);
+            let _ = std::fs::remove_file(&path);
+            match read {
+                Ok(Some(req)) => {
+                    info!(container = %req.container_id, pod = %req.pod.pod_name, "a report left while no agent listened");
+                    crate::server::NodeHandler::report(self, &req);
+                    taken += 1;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "an undelivered report that cannot be taken: removed")
+                }
+            }
+        }
+        taken
+    }
+
     pub fn relay_report(&self, req: &ReportRequest) {
         self.cluster.report(req);
         self.keep_in_step(req);
@@ -644,6 +667,65 @@ impl NodeHandler for Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reports_left_while_no_agent_listened_are_taken_once() {
+        use stasis_node_api::planfile;
+        let t = tempfile::tempdir().unwrap();
+        let rt = crate::executor::test_runtime();
+        let exec = Arc::new(crate::executor::test_executor(
+            t.path(),
+            &rt,
+            None,
+            stasis_store::Key::random(),
+        ));
+        let agent = Agent {
+            exec: exec.clone(),
+            cluster: Arc::new(Standalone),
+            busy: Arc::new(Busy::default()),
+        };
+        let dir = exec.cfg.plans_dir.clone();
+        let report = |id: &str, event| ReportRequest {
+            container_id: id.into(),
+            pod: PodRef {
+                pod_uid: "uid-1".into(),
+                pod_namespace: "ns".into(),
+                pod_name: "pod-1".into(),
+                container_name: "app".into(),
+            },
+            event,
+        };
+        let restored = ReportEvent::Restored {
+            checkpoint_ref: "l/1".into(),
+            restore_ms: 5,
+        };
+        let cold = ReportEvent::ColdStart {
+            cause: stasis_node_api::ColdStartCause::RestoreFailed,
+            reason: "runc restore failed".into(),
+            checkpoint_ref: Some("l/1".into()),
+        };
+        for (id, event) in [("c1", restored), ("c2", cold)] {
+            let p = planfile::path_for_report(&dir, id).unwrap();
+            planfile::write_report(&p, &report(id, event)).unwrap();
+        }
+        // Not a report: removed, not counted; other files of the directory are not touched.
+        std::fs::write(dir.join("report_c3.json"), b"{not json").unwrap();
+        std::fs::write(dir.join("pod_uid-1_app.skip"), b"{}").unwrap();
+        assert_eq!(agent.take_undelivered_reports(&dir), 2);
+        let m = exec.metrics.render();
+        assert!(
+            m.contains("stasis_agent_restores_total{result=\"restored\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("stasis_agent_restores_total{result=\"cold_start\"} 1"),
+            "{m}"
+        );
+        assert!(planfile::undelivered_reports(&dir).is_empty());
+        assert!(dir.join("pod_uid-1_app.skip").exists());
+        // Taken once.
+        assert_eq!(agent.take_undelivered_reports(&dir), 0);
+    }
 
     #[test]
     fn final_deadline_is_bounded_by_the_grace_period() {

@@ -228,12 +228,33 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
             shutdown.clone(),
         ));
     }
+    let reports_agent = agent.clone();
     let listener =
         stasis_node_api::server::bind(&cfg.socket).map_err(AgentError::io(&cfg.socket))?;
     let socket_inode = std::fs::metadata(&cfg.socket).map(|m| m.ino()).ok();
     let server =
         crate::server::serve(listener, agent, stop.clone()).map_err(AgentError::io(&cfg.socket))?;
     info!(socket = %cfg.socket.display(), node = %cfg.node_name, store = %cfg.store, "stasisd running");
+    // Reports the runtime left while no agent listened (a restore or a cold start during an
+    // agent restart): taken now that the socket listens, and again every few seconds for one
+    // that was left just before it did.
+    {
+        let (dir, stop) = (cfg.plans_dir.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("undelivered-reports".into())
+            .spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    reports_agent.take_undelivered_reports(&dir);
+                    for _ in 0..25 {
+                        if stop.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                    }
+                }
+            })
+            .map_err(|e| AgentError::Invalid(format!("cannot start a thread: {e}")))?;
+    }
 
     if client.is_none() {
         ready.set(true);

@@ -195,6 +195,40 @@ pub fn read_failed(path: &Path) -> Result<Option<Failed>, PlanFileError> {
     read_trusted(path)
 }
 
+/// `<dir>/report_<container-id>.json`: a report the runtime could not deliver because no agent
+/// listened (an agent restart), left for the agent to take when it is back.
+pub fn path_for_report(dir: &Path, container_id: &str) -> Option<PathBuf> {
+    safe_component(container_id).then(|| dir.join(format!("{REPORT_PREFIX}{container_id}.json")))
+}
+const REPORT_PREFIX: &str = "report_";
+
+/// Writes an undelivered report atomically (the runtime's side).
+pub fn write_report(path: &Path, r: &crate::ReportRequest) -> io::Result<()> {
+    write_atomic(path, &serde_json::to_vec(r)?)
+}
+
+/// An undelivered report, if any (trusted as plan files are: it sets a restore's outcome).
+pub fn read_report(path: &Path) -> Result<Option<crate::ReportRequest>, PlanFileError> {
+    read_trusted(path)
+}
+
+/// The undelivered reports left in `dir` (the agent's side), in name order.
+pub fn undelivered_reports(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(REPORT_PREFIX) && n.ends_with(".json"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PlanFileError + '_ {
     move |source| PlanFileError::Io {
         path: path.to_path_buf(),

@@ -393,6 +393,15 @@ fn a_restore_makes_start_a_no_op_once() {
         "{}",
         f.log()
     );
+    // No agent listened: the report is left for it.
+    let left = planfile::read_report(&planfile::path_for_report(&plans, "c1").unwrap())
+        .unwrap()
+        .expect("the report left for the agent");
+    assert!(
+        matches!(&left.event, ReportEvent::Restored { checkpoint_ref, .. } if checkpoint_ref == "ref-1")
+            && left.pod.pod_uid == "uid-1",
+        "{left:?}"
+    );
 
     let start = f.with_globals(&["start", "c1"]);
     assert!(f.cmd(&strs(&start)).status().unwrap().success());

@@ -116,12 +116,33 @@ impl Ctx {
     }
 
     /// Fire and forget, bounded by the connect timeout.
+    /// Tells the agent how a restore ended. With no agent listening (it is restarting), the
+    /// report is left in the plans directory for it to take when it is back: a restore's
+    /// outcome, a cold start above all, must not go unsaid because of an agent restart.
     fn report(&self, id: &str, pod: PodRef, event: ReportEvent) {
-        let _ = self.client(self.cfg.connect_timeout).report(ReportRequest {
+        let req = ReportRequest {
             container_id: id.to_owned(),
             pod,
             event,
-        });
+        };
+        match self.client(self.cfg.connect_timeout).report(req.clone()) {
+            Err(e) if e.is_no_agent() => {
+                let left = planfile::path_for_report(&self.cfg.plans_dir(), id)
+                    .ok_or_else(|| "not a plain container id".to_owned())
+                    .and_then(|p| planfile::write_report(&p, &req).map_err(|e| e.to_string()));
+                match left {
+                    Ok(()) => self.log(
+                        Level::Info,
+                        &format!("no agent to report {id}'s restore to: left for it"),
+                    ),
+                    Err(e) => self.log(
+                        Level::Warning,
+                        &format!("no agent to report {id}'s restore to, and it cannot be left for it: {e}"),
+                    ),
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Cold start: log, report, then the original `runc create`.
