@@ -434,6 +434,49 @@ impl Executor {
         );
     }
 
+    /// At the agent's start: the lazy restores an earlier agent prepared and no create has
+    /// taken yet. Their page servers died with that agent, so a create must not restore from
+    /// them: each plan is withdrawn, and a pending note makes the container's create wait (up
+    /// to `wait_ms`) for the restore prepared again. Returns the pods' UIDs, whose `Ready`
+    /// PodRestores are prepared again.
+    pub fn withdraw_orphaned_lazy_plans(&self, wait_ms: u64) -> std::collections::HashSet<String> {
+        let mut pods = std::collections::HashSet::new();
+        let Ok(rd) = std::fs::read_dir(&self.cfg.plans_dir) else {
+            return pods;
+        };
+        for e in rd.flatten() {
+            let path = e.path();
+            let Ok(Some(file)) = planfile::read(&path) else {
+                continue;
+            };
+            let (Some(uid), Some(name)) = (&file.pod_uid, &file.container_name) else {
+                continue;
+            };
+            // (a plan file is named after its pod and container: one named otherwise is not ours)
+            if !file.plan.lazy
+                || planfile::path_for_pod(&self.cfg.plans_dir, uid, name).as_ref() != Some(&path)
+            {
+                continue;
+            }
+            let pending = planfile::path_for_pending(&self.cfg.plans_dir, uid, name);
+            let noted = pending.map(|p| {
+                planfile::write_pending(
+                    &p,
+                    &planfile::Pending {
+                        v: stasis_node_api::PROTOCOL_VERSION,
+                        checkpoint_ref: file.plan.checkpoint_ref.clone(),
+                        until_unix_ms: now_ms() + wait_ms,
+                    },
+                )
+            });
+            let _ = std::fs::remove_file(&path);
+            warn!(pod_uid = %uid, container = %name, checkpoint_ref = %file.plan.checkpoint_ref, waits = noted.is_some_and(|r| r.is_ok()),
+                "a lazy restore prepared before this agent started lost its page server: prepared again");
+            pods.insert(uid.clone());
+        }
+        pods
+    }
+
     /// Stops serving the lazy restores of pods no longer on this node.
     pub(super) fn cancel_lazy_gone(&self, live_pod_uids: &std::collections::HashSet<String>) {
         let gone: Vec<(String, String)> = self
@@ -457,6 +500,45 @@ mod tests {
 
     fn supported() -> std::result::Result<(), String> {
         Ok(())
+    }
+
+    #[test]
+    fn lazy_plans_an_earlier_agent_left_are_withdrawn_and_waited_for() {
+        let t = tempfile::tempdir().unwrap();
+        let rt = test_runtime();
+        let exec = test_executor(t.path(), &rt, None, stasis_store::Key::random());
+        let dir = exec.cfg.plans_dir.clone();
+        let plan = |uid: &str, lazy: bool| planfile::PlanFile {
+            v: stasis_node_api::PROTOCOL_VERSION,
+            container_id: None,
+            pod_uid: Some(uid.into()),
+            container_name: Some("app".into()),
+            plan: Plan {
+                image_dir: t.path().join("images").join(uid).join("app"),
+                rootfs_method: None,
+                checkpoint_ref: format!("l/{uid}"),
+                tcp_established: true,
+                lazy,
+            },
+            expires_at_unix_ms: Some(now_ms() + 60_000),
+        };
+        let path = |uid: &str| planfile::path_for_pod(&dir, uid, "app").unwrap();
+        planfile::write(&path("lazy"), &plan("lazy", true)).unwrap();
+        planfile::write(&path("full"), &plan("full", false)).unwrap();
+        // A lazy plan taken by a create already: its container runs, nothing to redo.
+        planfile::write(&path("taken"), &plan("taken", true)).unwrap();
+        planfile::consume(&path("taken")).unwrap();
+
+        let pods = exec.withdraw_orphaned_lazy_plans(30_000);
+        assert_eq!(pods, std::collections::HashSet::from(["lazy".to_owned()]));
+        assert!(!path("lazy").exists() && path("full").exists());
+        let pending =
+            planfile::read_pending(&planfile::path_for_pending(&dir, "lazy", "app").unwrap())
+                .unwrap()
+                .expect("the create waits for the restore prepared again");
+        assert_eq!(pending.checkpoint_ref, "l/lazy");
+        assert!(pending.until_unix_ms > now_ms() + 20_000);
+        assert!(exec.withdraw_orphaned_lazy_plans(30_000).is_empty());
     }
 
     #[test]

@@ -240,7 +240,9 @@ async fn reconcile_restore(
         .contains(&key);
     let fetching =
         |r: &PodRestore| r.status.as_ref().and_then(|s| s.phase) == Some(RestorePhase::Fetching);
-    let wanted = |r: &PodRestore| restore_to_prepare(r) || (resumed && fetching(r));
+    let ready =
+        |r: &PodRestore| r.status.as_ref().and_then(|s| s.phase) == Some(RestorePhase::Ready);
+    let wanted = |r: &PodRestore| restore_to_prepare(r) || (resumed && (fetching(r) || ready(r)));
     if !wanted(&r) {
         return Ok(ctx.done(&*r));
     }
@@ -450,9 +452,14 @@ fn drain<T, E: std::fmt::Display>(
 }
 
 /// At start: `Running` checkpoints of this node → `Failed` (their images died with the agent
-/// that took them); returns the `Fetching` restores of this node, to prepare again.
+/// that took them); returns the restores of this node to prepare again: the `Fetching` ones,
+/// and the `Ready` ones whose lazy restore no create has taken (its page server died with the
+/// agent that served it; its plan is withdrawn and its create waits for the new one).
 async fn recover(client: &Client, cluster: &KubeCluster) -> HashSet<ObjectRef<PodRestore>> {
     let mine = |n: Option<&String>| n.is_some_and(|n| *n == cluster.node);
+    let orphaned = cluster
+        .exec
+        .withdraw_orphaned_lazy_plans(stasis_node_api::MAX_PREPARE_WAIT_MS);
     match Api::<PodCheckpoint>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -485,8 +492,15 @@ async fn recover(client: &Client, cluster: &KubeCluster) -> HashSet<ObjectRef<Po
             .items
             .iter()
             .filter(|r| {
+                let lazy_orphan = r
+                    .spec
+                    .target_pod_uid
+                    .as_ref()
+                    .is_some_and(|u| orphaned.contains(u));
                 r.status.as_ref().is_some_and(|s| {
-                    s.phase == Some(RestorePhase::Fetching) && mine(s.node.as_ref())
+                    mine(s.node.as_ref())
+                        && (s.phase == Some(RestorePhase::Fetching)
+                            || (s.phase == Some(RestorePhase::Ready) && lazy_orphan))
                 })
             })
             .map(ObjectRef::from_obj)
