@@ -620,3 +620,51 @@ fn an_untrusted_plan_file_is_not_used() {
         "{r:?}"
     );
 }
+
+#[test]
+fn delete_of_a_container_that_never_started_tells_the_agent_its_restore_was_lost() {
+    let f = Fake::new();
+    let srv = f.agent(|r: &Request| match &r.body {
+        RequestBody::ContainerExited(_) => Some(ResponseBody::NoPlan {
+            reason: "test".into(),
+        }),
+        _ => None,
+    });
+    // The marker its create wrote before the restore; runc has no state of the container (the
+    // create was stopped before runc made it, and the fake runc keeps none anyway).
+    let restored = f.run_dir().join("restored");
+    std::fs::create_dir_all(&restored).unwrap();
+    let marker = |id: &str, pod: serde_json::Value| {
+        let m = serde_json::json!({
+            "v": stasis_node_api::PROTOCOL_VERSION, "checkpoint_ref": "ref-5", "root": "/run/r",
+            "restored_at_unix_ms": 1, "pod": pod,
+        });
+        std::fs::write(restored.join(id), m.to_string()).unwrap();
+    };
+    marker(
+        "c5",
+        serde_json::json!({"pod_uid": "uid-5", "pod_namespace": "ns", "pod_name": "pod-5", "container_name": "app"}),
+    );
+    let args = f.with_globals(&["delete", "--force", "c5"]);
+    assert!(f.cmd(&strs(&args)).status().unwrap().success());
+    let reqs = srv.wait_for(1, Duration::from_secs(2));
+    assert!(
+        matches!(&reqs[..], [Request { body: RequestBody::ContainerExited(c), .. }]
+            if c.container_id == "c5" && c.restore_lost.as_deref() == Some("ref-5")
+            && c.pod.pod_uid == "uid-5" && c.pod.container_name == "app" && !c.oom_killed),
+        "{reqs:?}"
+    );
+    assert!(!restored.join("c5").exists());
+    assert_eq!(f.calls().last().unwrap().1, args, "then runc's delete");
+    assert!(
+        f.log().contains("c5 was deleted before it started, losing its restore from ref-5; its restart starts cold: test"),
+        "{}",
+        f.log()
+    );
+
+    // Without a marker (a container that started, or was never restored), nothing is said.
+    let args = f.with_globals(&["delete", "--force", "c6"]);
+    assert!(f.cmd(&strs(&args)).status().unwrap().success());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(srv.requests().len(), 1);
+}

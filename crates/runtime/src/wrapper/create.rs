@@ -256,7 +256,7 @@ impl Ctx {
         // already), and so does `delete` of a container that never started, whose create was
         // given up while or after it restored (the kubelet or containerd died, or timed out):
         // that restore is lost, and the agent prepares it again for the next create.
-        if let Err(e) = self.mark_restored(id, plan) {
+        if let Err(e) = self.mark_restored(id, plan, kind) {
             self.cold(
                 id,
                 kind,
@@ -497,6 +497,7 @@ impl Ctx {
         &self,
         id: &str,
         plan: &stasis_node_api::Plan,
+        kind: &ContainerKind,
     ) -> std::io::Result<()> {
         let dir = self.cfg.restored_dir();
         std::fs::DirBuilder::new()
@@ -508,6 +509,7 @@ impl Ctx {
             checkpoint_ref: plan.checkpoint_ref.clone(),
             root: self.inv.globals.root.clone(),
             restored_at_unix_ms: now_ms(),
+            pod: matches!(kind, ContainerKind::App(_)).then(|| pod_of(kind)),
         };
         let tmp = dir.join(format!(".{id}.tmp"));
         std::fs::write(&tmp, serde_json::to_vec(&m)?)?;

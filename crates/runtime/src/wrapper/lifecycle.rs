@@ -118,8 +118,7 @@ impl Ctx {
             let lost = std::fs::read(&marker)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<RestoredMarker>(&b).ok())
-                .filter(|m| m.root == self.inv.globals.root)
-                .map(|m| m.checkpoint_ref);
+                .filter(|m| m.root == self.inv.globals.root);
             let _ = std::fs::remove_file(&marker);
             let _ = std::fs::remove_dir_all(self.cfg.work_dir().join(id));
             self.tell_exit(id, lost);
@@ -133,11 +132,17 @@ impl Ctx {
     /// preparing the restore in place; the note of it makes the restart's `create` wait for the
     /// plan (`inplace`). Bounded (500 ms); a missing agent is quiet; an answer this runtime does
     /// not know is no plan (a cold start).
-    pub(super) fn tell_exit(&self, id: &str, restore_lost: Option<String>) {
-        let Some((raw, kind)) = self.runc_state(id) else {
-            return;
+    pub(super) fn tell_exit(&self, id: &str, lost: Option<RestoredMarker>) {
+        // (runc has no state of a container whose create was stopped before runc made it: the
+        // marker names its pod then)
+        let (oom_killed, kind) = match (self.runc_state(id), &lost) {
+            (Some((raw, kind)), _) => (bundle::oom_killed_from_runc_state(&raw), kind),
+            (None, Some(RestoredMarker { pod: Some(p), .. })) => {
+                (false, ContainerKind::App(p.clone()))
+            }
+            (None, _) => return,
         };
-        let oom_killed = bundle::oom_killed_from_runc_state(&raw);
+        let restore_lost = lost.map(|m| m.checkpoint_ref);
         if !matches!(kind, ContainerKind::App(_)) || !(oom_killed || restore_lost.is_some()) {
             return;
         }

@@ -38,7 +38,8 @@ mod lifecycle;
 /// runc's default state root (for `kill` reading runc's state when `--root` is absent).
 const RUNC_DEFAULT_ROOT: &str = "/run/runc";
 
-/// The record of a container `create` restored (`<run dir>/restored/<id>`), consumed by `start`.
+/// The record of a container `create` restores (`<run dir>/restored/<id>`, written before the
+/// restore), consumed by `start`; found by `delete` when the container never started.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RestoredMarker {
     pub v: u32,
@@ -46,6 +47,10 @@ pub struct RestoredMarker {
     /// runc's `--root` of the restore: `start` must come with the same one.
     pub root: Option<String>,
     pub restored_at_unix_ms: u64,
+    /// The pod container restored: `delete` tells the agent of a lost restore with it when
+    /// runc has no state of the container (the create was stopped before runc made it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
 }
 
 /// Finds the real runc: `STASIS_REAL_RUNC`, else `/usr/sbin/runc`, else `runc` on `PATH` —
