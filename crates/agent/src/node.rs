@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 use stasis_core::deadline::{Final, Skipped};
 use stasis_core::WorkloadName;
 use stasis_node_api::{
-    ContainerExitedRequest, FinalCheckpointRequest, PodRef, ReportEvent, ReportRequest,
-    ResponseBody, RestorePlanRequest,
+    ColdStartCause, ContainerExitedRequest, FinalCheckpointRequest, PodRef, ReportEvent,
+    ReportRequest, ResponseBody, RestorePlanRequest,
 };
 use tracing::{info, warn};
 
@@ -284,6 +284,32 @@ impl Agent {
             }
         }
         taken
+    }
+
+    /// A failed restore whose lazy restore failed first (a damaged chunk found before the
+    /// container ran): the report, which only knows that `runc restore` failed, with the cause.
+    fn with_lazy_cause(&self, req: &ReportRequest) -> Option<ReportRequest> {
+        let ReportEvent::ColdStart {
+            cause: ColdStartCause::RestoreFailed,
+            reason,
+            checkpoint_ref,
+        } = &req.event
+        else {
+            return None;
+        };
+        let why = self.exec.lazy_failure_before_run(
+            &req.pod.pod_uid,
+            &req.pod.container_name,
+            Duration::from_secs(2),
+        )?;
+        Some(ReportRequest {
+            event: ReportEvent::ColdStart {
+                cause: ColdStartCause::RestoreFailed,
+                reason: format!("{reason}; its memory could not be served: {why}"),
+                checkpoint_ref: checkpoint_ref.clone(),
+            },
+            ..req.clone()
+        })
     }
 
     pub fn relay_report(&self, req: &ReportRequest) {
@@ -638,6 +664,8 @@ impl NodeHandler for Agent {
     }
 
     fn report(&self, req: &ReportRequest) {
+        let amended = self.with_lazy_cause(req);
+        let req = amended.as_ref().unwrap_or(req);
         match &req.event {
             ReportEvent::Restored {
                 checkpoint_ref,

@@ -8,7 +8,8 @@
 //! - the counter continues its count with `state=ok` (a full check of its state after
 //!   residency), and the time from `create` to running is printed;
 //! - a chunk damaged in the bucket, needed after the container runs, kills the container, and
-//!   the failure the agent reports (its restore status and Event) names the chunk;
+//!   the failure the agent reports (its restore status and Event) names the chunk; found before
+//!   the container runs, the restore fails and the report of that takes the chunk from the agent;
 //! - a lazy restore lost before its container started (the create given up, the container
 //!   deleted without a start) is served again for the next create, with no failure reported for
 //!   the process the first one restored.
@@ -293,9 +294,15 @@ fn a_damaged_chunk_fails_the_restore_or_kills_the_container() {
         // Cold: it starts over; the wrapper says the restore failed.
         let log = std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
         assert!(log.contains("cold start"), "{log}");
+        // The report of the failed restore takes the cause from the agent: the chunk, named.
+        let why = lab
+            .exec
+            .lazy_failure_before_run("uid-lazy-2", "counter", Duration::from_secs(10))
+            .expect("the lazy restore's failure before the container ran");
         eprintln!(
-            "found before the container ran: its restore failed and it started cold ({first:?})"
+            "found before the container ran: its restore failed and it started cold ({first:?}): {why}"
         );
+        assert!(why.contains(&victim), "{why}");
         return;
     }
     // Restored, then killed once the chunk is found damaged.

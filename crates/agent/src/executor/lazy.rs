@@ -60,6 +60,9 @@ pub(super) struct LazyRestores {
     serving: Arc<Mutex<HashMap<(String, String), Serving>>>,
     next: AtomicU64,
     on_failure: Arc<OnceLock<FailureHook>>,
+    /// Why a container's lazy restore failed before the container ran (its restore then fails
+    /// too, and the wrapper's report of that cannot know the cause): taken by that report.
+    failed_before_run: Arc<Mutex<HashMap<(String, String), String>>>,
 }
 
 struct Serving {
@@ -328,12 +331,13 @@ impl Executor {
                 cancel: server.canceller(),
             },
         );
-        let (store, rt, metrics, serving, on_failure) = (
+        let (store, rt, metrics, serving, on_failure, failed_before_run) = (
             self.store.clone(),
             self.rt.clone(),
             self.metrics.clone(),
             self.lazy.serving.clone(),
             self.lazy.on_failure.clone(),
+            self.lazy.failed_before_run.clone(),
         );
         let (dir, reference) = (image_dir.clone(), checkpoint_ref.clone());
         let waiter = move || {
@@ -359,6 +363,14 @@ impl Executor {
                 // container started): nothing to report.
                 Err(e) if !current || announced.as_ref().and_then(|a| a.outcome) != Some(true) => {
                     info!(pod_uid = %id.0, container = %id.1, reason = %e, "lazy restore no longer served");
+                    // Not withdrawn: it failed before the container ran, whose restore fails
+                    // with it; the report of that failure takes the cause.
+                    if current {
+                        failed_before_run
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(id.clone(), e.to_string());
+                    }
                 }
                 Err(e) => {
                     metrics.restore("lazy_failed");
@@ -421,6 +433,27 @@ impl Executor {
             "the container was not restored from it",
         );
         false
+    }
+
+    /// Why the container's lazy restore failed before the container ran, once (a damaged chunk,
+    /// named): what the report of its failed restore cannot know. A restore still served is
+    /// waited for up to `wait` (its failure ends it moments before `runc restore` fails).
+    pub fn lazy_failure_before_run(
+        &self,
+        pod_uid: &str,
+        container_name: &str,
+        wait: std::time::Duration,
+    ) -> Option<String> {
+        let id = (pod_uid.to_owned(), container_name.to_owned());
+        let until = Instant::now() + wait;
+        while self.lazy.serves(pod_uid, container_name) && Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.lazy
+            .failed_before_run
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
     }
 
     /// A container's restore was lost before the container started (its create was given up):
