@@ -13,7 +13,8 @@
 #     Restored), counts on from it, never state=CORRUPT;
 #   - pre-staging: the other node's agent, a likely receiver of the noticed node's pods, fetched
 #     that checkpoint into its chunk cache before the reclaim (its log line), and the
-#     replacement's restore read every chunk from that cache (the agent's chunk cache metrics).
+#     replacement's restore read every chunk from that cache (the agent's chunk cache metrics);
+#     the replacement prefers that node (the webhook's preferred node affinity).
 #
 # Needs root. Prints "N passed, M failed"; STASIS_E2E_KEEP_CLUSTER=1 leaves the cluster up;
 # STASIS_INSTALL_NO_BUILD=1 reuses target/images/stasis.oci.tar.
@@ -88,6 +89,13 @@ if [ -n "$P2" ]; then
   check "first count ($C_FIRST) > the count at the notice's checkpoint ($C_CKPT), and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
   check "... and <= the last count before the reclaim + 1 ($C_DEAD)" ge "$((C_DEAD + 1))" "$C_FIRST"
   check "never state=CORRUPT" not_corrupt "$NS" "$P2"
+  # the webhook steers the replacement to the nodes that pre-staged its checkpoint, by the
+  # agents' own rule: a preferred node affinity (weight 100) naming them
+  prefers() {
+    kubectl -n "$NS" get pod "$P2" -o json | jq -e --arg n "$N2" '[.spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[]?
+      | select(.weight == 100) | .preference.matchFields[]? | select(.key == "metadata.name") | .values[]] | index($n) != null' >/dev/null
+  }
+  check "$P2 prefers $N2, which pre-staged its checkpoint ($(kubectl -n "$NS" get pod "$P2" -o json | jq -c '.spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution')" prefers
   if [ "$(node_of "$NS" "$P2")" = "$N2" ]; then
     # (the agent's cache counters reach /metrics within 5 s)
     check "$P2's restore read its chunks from $N2's cache (misses before: ${MISSES:-?})" retry 10 from_cache

@@ -12,6 +12,7 @@
 //! - [`pod`]: workload identity, volume facts and the normalised spec hash of a
 //!   [`k8s_openapi::api::core::v1::Pod`], computed by stasis-core.
 //! - [`names`]: every `stasis.dev/*` key and condition reason.
+//! - [`prestage`]: the facts of Nodes and pod specs that pre-staging decides from.
 //!
 //! This crate enables no k8s-openapi version feature (k8s-openapi leaves that to the final
 //! binary); the `crdgen` binary enables `v1_37` through this crate's `crdgen` feature.
@@ -28,6 +29,7 @@ pub mod lineage;
 pub mod names;
 pub mod pod;
 pub mod policy;
+pub mod prestage;
 pub mod restore;
 
 pub use checkpoint::{

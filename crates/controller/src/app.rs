@@ -149,6 +149,10 @@ pub struct RunArgs {
     /// A claim whose pod never appeared is released after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub phantom_after_seconds: u64,
+    /// The nodes the agents pre-stage each at-risk pod's checkpoint on (the agents'
+    /// `--prestage-receivers`): a restoring pod prefers them. 0: no preference.
+    #[arg(long, env = "STASIS_PRESTAGE_RECEIVERS", default_value_t = 3)]
+    pub prestage_receivers: usize,
     /// A pending or running checkpoint without progress for this long is marked failed.
     #[arg(long, default_value_t = 900)]
     pub checkpoint_timeout_seconds: u64,
@@ -311,11 +315,18 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         let (policies, watch) =
             crate::cache::watch_all::<stasis_api::CheckpointPolicy>(client.clone());
         tokio::spawn(watch);
+        let nodes = (a.prestage_receivers > 0).then(|| {
+            let (nodes, watch) =
+                crate::cache::watch_all::<k8s_openapi::api::core::v1::Node>(client.clone());
+            tokio::spawn(watch);
+            nodes
+        });
         let hook = Arc::new(Webhook {
             client: client.clone(),
             records: Records::new(client.clone(), &namespace).with_cap(a.max_records_per_namespace),
             checkpoints: checkpoints.clone(),
             policies: Some(policies),
+            nodes,
             metrics: metrics.clone(),
             cfg: WebhookConfig {
                 runtime_class: a.runtime_class.clone(),
@@ -327,6 +338,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
                 },
                 final_wait: Duration::from_secs(a.final_wait_seconds),
                 phantom_after: Duration::from_secs(a.phantom_after_seconds),
+                prestage_receivers: a.prestage_receivers,
             },
         });
         let addr = a.webhook_addr;

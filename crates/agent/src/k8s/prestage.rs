@@ -38,7 +38,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use stasis_api::{CheckpointPhase, PodCheckpoint};
-use stasis_core::prestage::{self as rule, NodeFacts, Placement, Staging, Taint, Toleration};
+use stasis_core::prestage::{self as rule, NodeFacts, Placement, Staging};
 use stasis_core::CheckpointRef;
 use stasis_service::shutdown::Shutdown;
 use stasis_store::{PrefetchReport, StoreError};
@@ -236,30 +236,7 @@ where
     store
 }
 
-/// What pre-staging reads of a Node.
-pub fn node_facts(n: &Node) -> NodeFacts {
-    let spec = n.spec.clone().unwrap_or_default();
-    NodeFacts {
-        name: n.name_any(),
-        ready: n
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        unschedulable: spec.unschedulable.unwrap_or(false),
-        taints: spec
-            .taints
-            .unwrap_or_default()
-            .into_iter()
-            .map(|t| Taint {
-                key: t.key,
-                value: t.value,
-                effect: t.effect,
-            })
-            .collect(),
-        labels: n.labels().clone(),
-    }
-}
+pub use stasis_api::prestage::node_facts;
 
 /// What decides where a pod's replacement can go, and whether it asks for a GPU.
 fn known_pod(p: &Pod) -> KnownPod {
@@ -276,20 +253,7 @@ fn known_pod(p: &Pod) -> KnownPod {
                 .and_then(|r| r.limits.as_ref())
                 .is_some_and(|l| l.keys().any(|k| k.ends_with("/gpu")))
         }),
-        placement: Placement {
-            node_selector: spec.node_selector.unwrap_or_default(),
-            tolerations: spec
-                .tolerations
-                .unwrap_or_default()
-                .into_iter()
-                .map(|t| Toleration {
-                    key: t.key,
-                    operator: t.operator,
-                    value: t.value,
-                    effect: t.effect,
-                })
-                .collect(),
-        },
+        placement: stasis_api::prestage::placement(&spec),
     }
 }
 

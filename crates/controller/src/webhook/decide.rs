@@ -124,10 +124,23 @@ pub(crate) async fn mutate(
             hook.metrics.admitted("Restore", "Restore");
             m.annotations
                 .insert(names::DECISION.into(), "Restore".into());
-            m.annotations.insert(names::RESTORE_FROM.into(), reference);
+            m.annotations
+                .insert(names::RESTORE_FROM.into(), reference.clone());
+            let prefer_nodes = prestaged_on(
+                hook,
+                &ns,
+                lineage.as_str(),
+                &reference,
+                outcome.checkpoint_node.as_deref(),
+                &pod,
+            );
+            if !prefer_nodes.is_empty() {
+                tracing::info!(namespace = %ns, checkpoint = %reference, nodes = ?prefer_nodes, "the replacement prefers the nodes that pre-staged its checkpoint");
+            }
             let node_requirements = node_requirements(&hook.client, outcome.checkpoint_node).await;
             m.restore = Some(RestoreMutation {
                 node_requirements,
+                prefer_nodes,
                 wait: hook.cfg.wait.clone(),
             });
         }
@@ -233,6 +246,7 @@ async fn restore_asked(
         .insert(names::RESTORE_REQUEST.into(), name.to_string());
     m.restore = Some(RestoreMutation {
         node_requirements: node_requirements(&hook.client, None).await,
+        prefer_nodes: Vec::new(),
         wait: hook.cfg.wait.clone(),
     });
 }

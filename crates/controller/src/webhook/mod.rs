@@ -60,6 +60,9 @@ pub struct WebhookConfig {
     pub final_wait: Duration,
     /// A claim whose pod has not appeared after this long is released.
     pub phantom_after: Duration,
+    /// The nodes that pre-stage each at-risk pod's checkpoint (the agents' `k`): a restoring
+    /// pod prefers them. 0: no preference.
+    pub prestage_receivers: usize,
 }
 
 /// What the webhook needs.
@@ -70,6 +73,8 @@ pub struct Webhook {
     pub checkpoints: crate::cache::Checkpoints,
     /// The process's `CheckpointPolicy` cache (`None`: listed per admission, as in tests).
     pub policies: Option<kube::runtime::reflector::Store<CheckpointPolicy>>,
+    /// The process's Node cache, for the nodes a restoring pod prefers (`None`: no preference).
+    pub nodes: Option<kube::runtime::reflector::Store<Node>>,
     pub metrics: Metrics,
     pub cfg: WebhookConfig,
 }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, EnvVar, EnvVarSource, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, ResourceRequirements,
-    SeccompProfile, SecurityContext,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, PreferredSchedulingTerm,
+    ResourceRequirements, SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
@@ -140,6 +140,35 @@ pub fn with_node_requirements(
     affinity
 }
 
+/// The weight of the preference for the nodes that pre-staged a pod's checkpoint: the highest
+/// the scheduler takes, since a restore from the node's cache is what a replacement gains most.
+pub const PRESTAGED_WEIGHT: i32 = 100;
+
+/// `affinity` with one preferred node-affinity term more: the nodes `names` (by
+/// `metadata.name`), at [`PRESTAGED_WEIGHT`]; unchanged when `names` is empty.
+pub fn with_preferred_nodes(mut affinity: Affinity, names: &[String]) -> Affinity {
+    if names.is_empty() {
+        return affinity;
+    }
+    affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default)
+        .preferred_during_scheduling_ignored_during_execution
+        .get_or_insert_with(Vec::new)
+        .push(PreferredSchedulingTerm {
+            weight: PRESTAGED_WEIGHT,
+            preference: NodeSelectorTerm {
+                match_fields: Some(vec![NodeSelectorRequirement {
+                    key: "metadata.name".to_owned(),
+                    operator: "In".to_owned(),
+                    values: Some(names.to_vec()),
+                }]),
+                ..Default::default()
+            },
+        });
+    affinity
+}
+
 /// What the webhook does to a pod.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Mutation {
@@ -156,6 +185,8 @@ pub struct Mutation {
 pub struct RestoreMutation {
     /// Node labels the target node must have (`key In values`).
     pub node_requirements: Vec<(String, Vec<String>)>,
+    /// Nodes to prefer (they pre-staged the checkpoint): one preferred term, by node name.
+    pub prefer_nodes: Vec<String>,
     pub wait: WaitConfig,
 }
 
@@ -228,8 +259,10 @@ pub fn patch(pod: &Pod, mutation: &Mutation) -> Value {
     );
     if let Some(r) = &mutation.restore {
         let spec = pod.spec.as_ref();
-        let affinity =
-            with_node_requirements(spec.and_then(|s| s.affinity.as_ref()), &r.node_requirements);
+        let affinity = with_preferred_nodes(
+            with_node_requirements(spec.and_then(|s| s.affinity.as_ref()), &r.node_requirements),
+            &r.prefer_nodes,
+        );
         ops.push(add("/spec/affinity".into(), json!(affinity)));
         let wait = json!(wait_container(&r.wait));
         let has_inits = spec
@@ -381,7 +414,9 @@ mod tests {
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                     {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
                     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
-                ]}}},
+                ]}, "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 5, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
+                ]}},
                 "initContainers": [{"name": "setup"}],
                 "containers": [{"name": "c"}]
             }
@@ -394,11 +429,24 @@ mod tests {
                     ("stasis.dev/ready".into(), vec!["true".into()]),
                     ("kubernetes.io/arch".into(), vec!["amd64".into()]),
                 ],
+                prefer_nodes: vec!["node-b".into(), "node-c".into()],
                 wait: wait_cfg(),
             }),
         };
         let out = apply(&serde_json::to_value(&p).unwrap(), &patch(&p, &m));
         assert_eq!(out["metadata"]["annotations"]["a"], "b");
+        // The nodes that pre-staged the checkpoint: preferred, beside the pod's own preference.
+        let preferred = out["spec"]["affinity"]["nodeAffinity"]
+            ["preferredDuringSchedulingIgnoredDuringExecution"]
+            .as_array()
+            .unwrap();
+        assert_eq!(preferred.len(), 2);
+        assert_eq!(preferred[0]["weight"], 5);
+        assert_eq!(preferred[1]["weight"], PRESTAGED_WEIGHT);
+        assert_eq!(
+            preferred[1]["preference"]["matchFields"],
+            json!([{"key": "metadata.name", "operator": "In", "values": ["node-b", "node-c"]}])
+        );
         assert_eq!(
             out["metadata"]["annotations"]["stasis.dev/decision"],
             "Restore"
@@ -486,6 +534,7 @@ mod tests {
         let m = Mutation {
             restore: Some(RestoreMutation {
                 node_requirements: vec![("stasis.dev/ready".into(), vec!["true".into()])],
+                prefer_nodes: Vec::new(),
                 wait: wait_cfg(),
             }),
             ..Default::default()
@@ -497,6 +546,10 @@ mod tests {
                 ["matchExpressions"][0]["values"][0],
             "true"
         );
+        // No node pre-staged it: no preference.
+        assert!(out["spec"]["affinity"]["nodeAffinity"]
+            .get("preferredDuringSchedulingIgnoredDuringExecution")
+            .is_none());
         assert_eq!(out["spec"]["initContainers"].as_array().unwrap().len(), 1);
     }
 }

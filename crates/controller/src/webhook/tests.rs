@@ -39,6 +39,7 @@ pub(crate) fn offline_hook() -> Arc<Webhook> {
         // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
         checkpoints: crate::cache::Checkpoints::unsynced(),
         policies: None,
+        nodes: None,
         client,
         metrics: Metrics::default(),
         cfg: WebhookConfig {
@@ -51,6 +52,7 @@ pub(crate) fn offline_hook() -> Arc<Webhook> {
             },
             final_wait: Duration::from_secs(1),
             phantom_after: Duration::from_secs(60),
+            prestage_receivers: 3,
         },
     })
 }
@@ -243,6 +245,7 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
         // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
         checkpoints: crate::cache::Checkpoints::unsynced(),
         policies: None,
+        nodes: None,
         client,
         metrics: Metrics::default(),
         cfg: offline_hook().cfg.clone(),
@@ -335,6 +338,7 @@ pub(crate) fn hook_with(client: Client) -> Arc<Webhook> {
         // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
         checkpoints: crate::cache::Checkpoints::unsynced(),
         policies: None,
+        nodes: None,
         client,
         metrics: Metrics::default(),
         cfg: offline_hook().cfg.clone(),
