@@ -85,7 +85,8 @@ pub trait Cluster: Send + Sync {
     fn report(&self, req: &ReportRequest);
     /// A container of `pod` was OOM-killed, or lost its restore before it started (`cause`):
     /// `Ok(checkpoint)` when its restart restores that checkpoint in place (record it),
-    /// `Err(why)` when it starts cold (say why).
+    /// `Err(why)` when it starts cold (say why; a lost restore's cold start is reported as a
+    /// wrapper's, through [`Cluster::report`]).
     fn restart_in_place(
         &self,
         pod: &PodInfo,
@@ -99,6 +100,50 @@ pub trait Cluster: Send + Sync {
     /// A member of the pod's restore started cold and its peers followed (what was stopped
     /// and withdrawn): a Warning Event on the pod.
     fn out_of_step(&self, _pod: &PodRef, _what: &OutOfStep) {}
+}
+
+/// [`Agent::relay_report`]: the cluster told, and when a container of a pod restore starts
+/// cold, the rest of its pod follows it, so that no container runs from the checkpoint beside
+/// one that starts over (`executor::members`).
+fn relay(exec: &Executor, cluster: &dyn Cluster, req: &ReportRequest) {
+    cluster.report(req);
+    if !matches!(req.event, ReportEvent::ColdStart { .. }) {
+        return;
+    }
+    if let Some(out) = exec.member_cold(&req.pod.pod_uid, &req.pod.container_name) {
+        warn!(pod_uid = %req.pod.pod_uid, cold = %out.cold, stopped = ?out.stopped, withdrawn = ?out.withdrawn, "a pod member starts cold: its whole pod does");
+        cluster.out_of_step(&req.pod, &out);
+    }
+}
+
+/// A container whose lost restore could not be prepared again starts cold: reported as the
+/// wrapper reports one (its PodRestore `ColdStart`, a Warning Event), its pod's other members
+/// following it; its next create, finding no plan, would otherwise start cold without a word.
+fn lost_restore_cold(
+    exec: &Executor,
+    cluster: &dyn Cluster,
+    pod: &PodInfo,
+    container: &str,
+    why: &NotInPlace,
+) {
+    exec.metrics.restore("cold_start");
+    let req = ReportRequest {
+        container_id: String::new(),
+        pod: PodRef {
+            pod_uid: pod.key.uid.clone(),
+            pod_namespace: pod.key.namespace.clone(),
+            pod_name: pod.key.name.clone(),
+            container_name: container.to_owned(),
+        },
+        event: ReportEvent::ColdStart {
+            cause: ColdStartCause::RestoreFailed,
+            reason: format!(
+                "container {container} was deleted before it started (its create was given up), which lost its restore, and it could not be prepared again: {why}"
+            ),
+            checkpoint_ref: None,
+        },
+    };
+    relay(exec, cluster, &req);
 }
 
 /// Why a container restarts in place from a checkpoint kept on this node.
@@ -261,8 +306,6 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Passes a restore's outcome (the wrapper's report, or a lazy restore whose memory could
-    /// not arrive) to the cluster, and keeps the rest of its pod in step with it.
     /// Takes the reports runtimes left in the plans directory `dir` while no agent listened
     /// (`planfile::write_report`): each is handled as if it had come over the socket, then
     /// removed (first: a report that fails is not taken again). Returns how many were taken.
@@ -312,24 +355,10 @@ impl Agent {
         })
     }
 
+    /// Passes a restore's outcome (the wrapper's report, or a lazy restore whose memory could
+    /// not arrive) to the cluster, and keeps the rest of its pod in step with it.
     pub fn relay_report(&self, req: &ReportRequest) {
-        self.cluster.report(req);
-        self.keep_in_step(req);
-    }
-
-    /// A container of a pod restore starts cold: the rest of its pod follows it, so that no
-    /// container runs from the checkpoint beside one that starts over (`executor::members`).
-    fn keep_in_step(&self, req: &ReportRequest) {
-        if !matches!(req.event, ReportEvent::ColdStart { .. }) {
-            return;
-        }
-        if let Some(out) = self
-            .exec
-            .member_cold(&req.pod.pod_uid, &req.pod.container_name)
-        {
-            warn!(pod_uid = %req.pod.pod_uid, cold = %out.cold, stopped = ?out.stopped, withdrawn = ?out.withdrawn, "a pod member starts cold: its whole pod does");
-            self.cluster.out_of_step(&req.pod, &out);
-        }
+        relay(&self.exec, &*self.cluster, req);
     }
 
     /// Runs one checkpoint of a pod (the caller holds the pod's [`BusyGuard`]).
@@ -392,8 +421,12 @@ impl Agent {
                 let r = exec.prepare_in_place(&job, until, |checkpoint| {
                     cluster.restart_in_place(&pod, &name, cause, Ok(checkpoint))
                 });
-                if let Err(why) = r {
-                    cluster.restart_in_place(&pod, &name, cause, Err(&why));
+                match (r, cause) {
+                    (Err(why), InPlace::RestoreLost) => {
+                        lost_restore_cold(&exec, &*cluster, &pod, &name, &why)
+                    }
+                    (Err(why), _) => cluster.restart_in_place(&pod, &name, cause, Err(&why)),
+                    (Ok(_), _) => {}
                 }
             })
             .map_err(|e| refused(format!("cannot start its thread: {e}")))?;
@@ -655,7 +688,14 @@ impl NodeHandler for Agent {
                 wait_ms,
             },
             Err(why) => {
-                self.cluster.restart_in_place(&pod, name, cause, Err(&why));
+                match cause {
+                    InPlace::RestoreLost => {
+                        lost_restore_cold(&self.exec, &*self.cluster, &pod, name, &why)
+                    }
+                    InPlace::OomKilled => {
+                        self.cluster.restart_in_place(&pod, name, cause, Err(&why))
+                    }
+                }
                 ResponseBody::NoPlan {
                     reason: why.to_string(),
                 }

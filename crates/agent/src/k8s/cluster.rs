@@ -120,42 +120,16 @@ impl KubeCluster {
             .map(|p| p.name_any())
     }
 
-    /// A container of `pod` lost its restore before it started (its create was given up): a
-    /// Normal Event when the checkpoint is prepared again for the next create (whose report
-    /// turns the pod's PodRestore `Restored` as usual), else the cold start reported as the
-    /// wrapper reports one (the PodRestore `ColdStart`, a Warning Event), since that next
-    /// create, finding no plan, would start cold without a word.
-    fn restore_lost(
-        &self,
-        pod: &PodInfo,
-        container: &str,
-        decision: std::result::Result<&str, &NotInPlace>,
-    ) {
-        let lost =
-            "was deleted before it started (its create was given up), which lost its restore";
-        match decision {
-            Ok(checkpoint) => {
-                let msg = format!("container {container} {lost}; {checkpoint} is prepared again for its next create");
-                self.rt
-                    .block_on(self.emit(&pod.key, names::event::RESTORE_RETRIED, &msg, false));
-            }
-            Err(why) => self.report(&ReportRequest {
-                container_id: String::new(),
-                pod: PodRef {
-                    pod_uid: pod.key.uid.clone(),
-                    pod_namespace: pod.key.namespace.clone(),
-                    pod_name: pod.key.name.clone(),
-                    container_name: container.to_owned(),
-                },
-                event: ReportEvent::ColdStart {
-                    cause: stasis_node_api::ColdStartCause::RestoreFailed,
-                    reason: format!(
-                        "container {container} {lost}, and it could not be prepared again: {why}"
-                    ),
-                    checkpoint_ref: None,
-                },
-            }),
-        }
+    /// A container of `pod` lost its restore before it started (its create was given up) and
+    /// its checkpoint is prepared again for the next create (whose report turns the pod's
+    /// PodRestore `Restored` as usual): a Normal Event says so. (When it cannot be prepared
+    /// again, the node side reports the cold start as a wrapper's.)
+    fn restore_retried(&self, pod: &PodInfo, container: &str, checkpoint: &str) {
+        let msg = format!(
+            "container {container} was deleted before it started (its create was given up), which lost its restore; {checkpoint} is prepared again for its next create"
+        );
+        self.rt
+            .block_on(self.emit(&pod.key, names::event::RESTORE_RETRIED, &msg, false));
     }
 }
 
@@ -222,7 +196,10 @@ impl Cluster for KubeCluster {
         decision: std::result::Result<&str, &NotInPlace>,
     ) {
         if cause == InPlace::RestoreLost {
-            return self.restore_lost(pod, container, decision);
+            if let Ok(checkpoint) = decision {
+                self.restore_retried(pod, container, checkpoint);
+            }
+            return;
         }
         let key = pod.key.clone();
         let checkpoint = match decision {
