@@ -105,6 +105,24 @@ agent_pod() { kubectl -n "$SNS" get pods -l app.kubernetes.io/component=agent --
 agents_ready() { [ "$(kubectl -n "$SNS" get ds stasis-agent -o jsonpath='{.status.numberReady}')" = 2 ]; }
 controllers_ready() { [ "$(kubectl -n "$SNS" get deploy stasis-controller -o jsonpath='{.status.readyReplicas}')" = 2 ]; }
 controller_ready() { [ "$(kubectl -n "$SNS" get deploy stasis-controller -o jsonpath='{.status.readyReplicas}')" -ge 1 ]; }
+# the nodes the controller replicas run on (how many)
+controller_nodes() {
+  kubectl -n "$SNS" get pods -l app.kubernetes.io/component=controller --field-selector=status.phase=Running \
+    -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | sort -u | grep -c .
+}
+controllers_spread() { controllers_ready && [ "$(controller_nodes)" -ge 2 ]; }
+# Both replicas on one node make a node fault two faults at once (the webhook fails open, by
+# design): an earlier script's drains can leave them so, and nothing moves a running replica
+# back. Then one is deleted, and the topology spread puts its successor on the other node.
+spread_controllers() {
+  controllers_ready || return 0
+  [ "$(controller_nodes)" -ge 2 ] && return 0
+  local p
+  p=$(kubectl -n "$SNS" get pods -l app.kubernetes.io/component=controller -o jsonpath='{.items[0].metadata.name}')
+  echo "# $1: both controller replicas run on one node: $p deleted, so that the scheduler spreads them"
+  kubectl -n "$SNS" delete pod "$p" --wait=false >/dev/null
+  retry 180 controllers_spread || echo "# $1: the controller replicas are not on two nodes after 180 s"
+}
 nodes_ready() { [ "$(kubectl get nodes -o json | jq '[.items[] | select(any(.status.conditions[]; .type == "Ready" and .status == "True"))] | length')" = 2 ]; }
 # every component back: nodes Ready, both agents and a controller ready (a replica killed again
 # within 10 minutes waits out the kubelet's crash-loop back-off, up to 5 min: the other one
@@ -340,6 +358,7 @@ for IT in $(seq 1 "$ITERATIONS"); do
     t=$(now); retry 330 controllers_ready || echo "# $IT: the controller replicas are not both ready after 330 s"
     echo "# $IT: waited $(secs "$t") s for both controller replicas (the kubelet's back-off after the earlier kill)"
   fi
+  spread_controllers "$IT"
   case $PH in
     idle) sleep "$((RANDOM % 5)).$((RANDOM % 10))" ;;
     checkpoint) retry 20 ckpt_running "$P" || PH="idle(no checkpoint seen running in 20 s)" ;;
