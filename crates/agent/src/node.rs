@@ -116,16 +116,25 @@ fn relay(exec: &Executor, cluster: &dyn Cluster, req: &ReportRequest) {
     }
 }
 
-/// A container whose lost restore could not be prepared again starts cold: reported as the
-/// wrapper reports one (its PodRestore `ColdStart`, a Warning Event), its pod's other members
-/// following it; its next create, finding no plan, would otherwise start cold without a word.
-fn lost_restore_cold(
+/// What a lost restore is, in the words of its Events.
+pub(crate) const RESTORE_LOST: &str =
+    "was deleted before it started (its create was given up), which lost its restore";
+
+/// A restart in place that will not happen: the container starts cold, said once for either
+/// cause. A lost restore's cold start is reported as the wrapper reports one (its PodRestore
+/// `ColdStart`, a Warning Event), its pod's other members following it: its next create,
+/// finding no plan, would otherwise start cold without a word.
+fn not_in_place(
     exec: &Executor,
     cluster: &dyn Cluster,
     pod: &PodInfo,
     container: &str,
+    cause: InPlace,
     why: &NotInPlace,
 ) {
+    if cause == InPlace::OomKilled {
+        return cluster.restart_in_place(pod, container, cause, Err(why));
+    }
     exec.metrics.restore("cold_start");
     let req = ReportRequest {
         container_id: String::new(),
@@ -138,7 +147,7 @@ fn lost_restore_cold(
         event: ReportEvent::ColdStart {
             cause: ColdStartCause::RestoreFailed,
             reason: format!(
-                "container {container} was deleted before it started (its create was given up), which lost its restore, and it could not be prepared again: {why}"
+                "container {container} {RESTORE_LOST}, and it could not be prepared again: {why}"
             ),
             checkpoint_ref: None,
         },
@@ -421,12 +430,8 @@ impl Agent {
                 let r = exec.prepare_in_place(&job, until, |checkpoint| {
                     cluster.restart_in_place(&pod, &name, cause, Ok(checkpoint))
                 });
-                match (r, cause) {
-                    (Err(why), InPlace::RestoreLost) => {
-                        lost_restore_cold(&exec, &*cluster, &pod, &name, &why)
-                    }
-                    (Err(why), _) => cluster.restart_in_place(&pod, &name, cause, Err(&why)),
-                    (Ok(_), _) => {}
+                if let Err(why) = r {
+                    not_in_place(&exec, &*cluster, &pod, &name, cause, &why);
                 }
             })
             .map_err(|e| refused(format!("cannot start its thread: {e}")))?;
@@ -688,14 +693,7 @@ impl NodeHandler for Agent {
                 wait_ms,
             },
             Err(why) => {
-                match cause {
-                    InPlace::RestoreLost => {
-                        lost_restore_cold(&self.exec, &*self.cluster, &pod, name, &why)
-                    }
-                    InPlace::OomKilled => {
-                        self.cluster.restart_in_place(&pod, name, cause, Err(&why))
-                    }
-                }
+                not_in_place(&self.exec, &*self.cluster, &pod, name, cause, &why);
                 ResponseBody::NoPlan {
                     reason: why.to_string(),
                 }

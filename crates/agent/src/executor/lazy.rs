@@ -523,6 +523,12 @@ impl Executor {
             self.lazy
                 .cancel(&uid, &name, "its pod is no longer on this node");
         }
+        // (a failure before its container ran that no report took: its pod is gone too)
+        self.lazy
+            .failed_before_run
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(uid, _), _| live_pod_uids.contains(uid));
     }
 }
 

@@ -125,8 +125,9 @@ impl KubeCluster {
     /// PodRestore `Restored` as usual): a Normal Event says so. (When it cannot be prepared
     /// again, the node side reports the cold start as a wrapper's.)
     fn restore_retried(&self, pod: &PodInfo, container: &str, checkpoint: &str) {
+        let lost = crate::node::RESTORE_LOST;
         let msg = format!(
-            "container {container} was deleted before it started (its create was given up), which lost its restore; {checkpoint} is prepared again for its next create"
+            "container {container} {lost}; {checkpoint} is prepared again for its next create"
         );
         self.rt
             .block_on(self.emit(&pod.key, names::event::RESTORE_RETRIED, &msg, false));
