@@ -15,7 +15,7 @@
 #   node costs stasis-runc create+delete vs runc create+delete of a container that does not
 #              restore (N runs each, median); stasisd RSS idle and its peak while it checkpoints;
 #              stasis-controller RSS with PODS opted-in pods
-#   paths      with PATHS (e.g. "1 2 3 4 5"): the eviction paths of tests/e2e/evictions.sh, run
+#   paths      with PATHS (e.g. "1 2 3 4 5 6 7"): the eviction paths of tests/e2e/evictions.sh, run
 #              at each STATE_MB in SIZES (the counter holds that much memory, heartbeats every
 #              PATH_INTERVAL): per path the time from the trigger until the replacement is back
 #              at the old pod's last count, the counts lost, the checkpoint restored and the
@@ -240,7 +240,8 @@ if grep -q '^path ' "$RESULTS"; then
   printf '%-9s %-34s %9s %6s %-14s %10s %15s %7s %8s\n' "state" "path" "back (s)" "lost" "restored from" "old count" "cold start (s)" "ratio" "load 1m"
   awk 'BEGIN { n["1"] = "taint NoExecute"; n["2"] = "Karpenter (taint, eviction)"; n["3"] = "priority preemption";
          n["4a"] = "StatefulSet, delete"; n["4b"] = "Job Never, drain"; n["4c"] = "indexed Job, delete";
-         n["4d"] = "Job OnFailure, drain"; n["4e"] = "bare pod, PodRestore"; n["5"] = "kubelet node pressure" }
+         n["4d"] = "Job OnFailure, drain"; n["4e"] = "bare pod, PodRestore"; n["5"] = "kubelet node pressure";
+         n["6"] = "EvictionRequest, responder"; n["7"] = "graceful node shutdown" }
     $1 == "recovery" && $3 == "cold" && NF >= 8 { first[$2] = $8; rate[$2] = $7 }
     $1 == "path" {
       base = ($2 in rate && rate[$2] > 0) ? first[$2] + $7 / rate[$2] : 0
