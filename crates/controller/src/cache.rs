@@ -274,34 +274,6 @@ impl Checkpoints {
     }
 }
 
-/// A watch cache of every namespace's `K` (small kinds the webhook reads at each admission,
-/// such as `CheckpointPolicy`); the returned future runs the watch (spawn it).
-pub fn watch_all<K>(client: Client) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher::watcher(Api::<K>::all(client), watcher::Config::default())
-            .modify(|o| o.managed_fields_mut().clear()),
-    )
-    .default_backoff()
-    .for_each(|ev| {
-        if let Err(e) = ev {
-            tracing::debug!(error = %e, "watch");
-        }
-        futures::future::ready(())
-    });
-    (store, stream)
-}
-
 /// The lineage records (ConfigMaps in stasis's namespace) parsed once per change, looked up
 /// by holder UID and by claim token: a pod's reconcile parsed every record twice before.
 pub type RecordIndex = Index<Option<Arc<Record>>>;

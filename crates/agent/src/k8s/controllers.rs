@@ -337,19 +337,9 @@ pub async fn start(
             warn!(error = %e, "pod watch");
         }
     }));
-    let (policies, pol_writer) = reflector::store();
-    let pol_stream = watcher(
-        Api::<CheckpointPolicy>::all(client.clone()),
-        Default::default(),
-    )
-    .default_backoff()
-    .reflect(pol_writer)
-    .applied_objects();
-    tokio::spawn(pol_stream.for_each(|ev| async move {
-        if let Err(e) = ev {
-            debug!(error = %e, "policy watch");
-        }
-    }));
+    let (policies, policy_watch) =
+        stasis_api::cache::watch_all::<CheckpointPolicy, _>(client.clone(), || {});
+    tokio::spawn(policy_watch);
     let cluster = Arc::new(KubeCluster {
         client: client.clone(),
         rt: Handle::current(),

@@ -31,11 +31,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use stasis_api::{CheckpointPhase, PodCheckpoint};
 use stasis_core::prestage::{self as rule, NodeFacts, Placement, Staging};
@@ -128,8 +126,8 @@ pub async fn run(ctx: PrestageContext, shutdown: Shutdown) {
         return;
     };
     let changed = Arc::new(Notify::new());
-    let nodes = reflect::<Node>(&ctx.client, changed.clone());
-    let ckpts = reflect::<PodCheckpoint>(&ctx.client, changed.clone());
+    let nodes = watch_waking::<Node>(&ctx.client, &changed);
+    let ckpts = watch_waking::<PodCheckpoint>(&ctx.client, &changed);
     tokio::select! {
         _ = async { tokio::join!(stasis_api::cache::wait_ready(&nodes), stasis_api::cache::wait_ready(&ckpts)) } => {}
         _ = shutdown.wait() => return,
@@ -210,8 +208,8 @@ pub fn start(
     rt.spawn(run(ctx, shutdown));
 }
 
-/// A reflector of every `K`, waking `changed` on each event.
-fn reflect<K>(client: &Client, changed: Arc<Notify>) -> Store<K>
+/// A watch cache of every `K` whose every event wakes `changed` (pre-staging decides again).
+fn watch_waking<K>(client: &Client, changed: &Arc<Notify>) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -221,18 +219,10 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = watcher(Api::<K>::all(client.clone()), Default::default())
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects();
-    tokio::spawn(stream.for_each(move |ev| {
-        if let Err(e) = ev {
-            debug!(kind = %K::kind(&()), error = %e, "pre-staging watch");
-        }
-        changed.notify_one();
-        futures::future::ready(())
-    }));
+    let changed = changed.clone();
+    let (store, watch) =
+        stasis_api::cache::watch_all::<K, _>(client.clone(), move || changed.notify_one());
+    tokio::spawn(watch);
     store
 }
 
