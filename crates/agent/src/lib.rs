@@ -4,7 +4,8 @@
 //!   (fetch + verify into `/var/lib/stasis/images/<pod-uid>/<container>/`, plan file);
 //! - [`resolve`]: a pod's containers from runc state and CRI annotations;
 //! - [`server`] and [`node`]: the node-api socket (`restore_plan`, `final_checkpoint`,
-//!   `report`) and the per-pod serialisation of checkpoints;
+//!   `report`) and the per-pod serialisation of checkpoints; [`reports`]: the runtime's
+//!   reports delivered at least once (claimed report files);
 //! - [`k8s`]: the Kubernetes side (PodCheckpoint / PodRestore watchers, status, Events,
 //!   node labels, data keys);
 //! - pure helpers with unit tests: [`keys`] (data key wrap/unwrap), [`fence`], [`status`],
@@ -26,6 +27,7 @@ pub mod memory;
 pub mod metrics;
 pub mod node;
 pub mod notice;
+pub mod reports;
 pub mod resolve;
 pub mod run;
 pub mod selector;

@@ -21,6 +21,7 @@ use crate::executor::{
     PrepareJob, Target,
 };
 use crate::fence::{self, Stamp, Verdict};
+use crate::reports::Delivery;
 use crate::server::NodeHandler;
 use crate::status::PodKey;
 
@@ -83,6 +84,12 @@ pub trait Cluster: Send + Sync {
     );
     /// The wrapper's report of a restore or a cold start.
     fn report(&self, req: &ReportRequest);
+    /// A report that may have been handled already (taken from a file an agent may have
+    /// handled before it died, [`Delivery::MaybeAgain`]): as [`Cluster::report`], without what
+    /// shows it was applied. Default: applied as a first one.
+    fn report_again(&self, req: &ReportRequest) {
+        self.report(req);
+    }
     /// A container of `pod` was OOM-killed, or lost its restore before it started (`cause`):
     /// `Ok(checkpoint)` when its restart restores that checkpoint in place (record it),
     /// `Err(why)` when it starts cold (say why; a lost restore's cold start is reported as a
@@ -105,8 +112,11 @@ pub trait Cluster: Send + Sync {
 /// [`Agent::relay_report`]: the cluster told, and when a container of a pod restore starts
 /// cold, the rest of its pod follows it, so that no container runs from the checkpoint beside
 /// one that starts over (`executor::members`).
-fn relay(exec: &Executor, cluster: &dyn Cluster, req: &ReportRequest) {
-    cluster.report(req);
+fn relay(exec: &Executor, cluster: &dyn Cluster, req: &ReportRequest, delivery: Delivery) {
+    match delivery {
+        Delivery::First => cluster.report(req),
+        Delivery::MaybeAgain => cluster.report_again(req),
+    }
     if !matches!(req.event, ReportEvent::ColdStart { .. }) {
         return;
     }
@@ -152,7 +162,7 @@ fn not_in_place(
             checkpoint_ref: None,
         },
     };
-    relay(exec, cluster, &req);
+    relay(exec, cluster, &req, Delivery::First);
 }
 
 /// Why a container restarts in place from a checkpoint kept on this node.
@@ -315,29 +325,6 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Takes the reports runtimes left in the plans directory `dir` while no agent listened
-    /// (`planfile::write_report`): each is handled as if it had come over the socket, then
-    /// removed (first: a report that fails is not taken again). Returns how many were taken.
-    pub fn take_undelivered_reports(&self, dir: &std::path::Path) -> usize {
-        let mut taken = 0;
-        for path in stasis_node_api::planfile::undelivered_reports(dir) {
-            let read = stasis_node_api::planfile::read_report(&path);
-            let _ = std::fs::remove_file(&path);
-            match read {
-                Ok(Some(req)) => {
-                    info!(container = %req.container_id, pod = %req.pod.pod_name, "a report left while no agent listened");
-                    crate::server::NodeHandler::report(self, &req);
-                    taken += 1;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(path = %path.display(), error = %e, "an undelivered report that cannot be taken: removed")
-                }
-            }
-        }
-        taken
-    }
-
     /// A failed restore whose lazy restore failed first (a damaged chunk found before the
     /// container ran): the report, which only knows that `runc restore` failed, with the cause.
     fn with_lazy_cause(&self, req: &ReportRequest) -> Option<ReportRequest> {
@@ -367,7 +354,7 @@ impl Agent {
     /// Passes a restore's outcome (the wrapper's report, or a lazy restore whose memory could
     /// not arrive) to the cluster, and keeps the rest of its pod in step with it.
     pub fn relay_report(&self, req: &ReportRequest) {
-        relay(&self.exec, &*self.cluster, req);
+        relay(&self.exec, &*self.cluster, req, Delivery::First);
     }
 
     /// Runs one checkpoint of a pod (the caller holds the pod's [`BusyGuard`]).
@@ -702,6 +689,18 @@ impl NodeHandler for Agent {
     }
 
     fn report(&self, req: &ReportRequest) {
+        self.report_from_socket(req);
+    }
+}
+
+impl Agent {
+    /// Handles a runtime's report (the caller has claimed its file, if any: `reports`). A
+    /// second delivery of the same report ([`Delivery::MaybeAgain`]) is harmless: the
+    /// cluster does not apply again what its PodRestore shows; the container's plan files and
+    /// images are removed again (already gone, unless a restart in place was prepared for it
+    /// since: that restart then starts cold); a cold start's pod members follow it again (the
+    /// members this agent knows, none after a restart). Its metrics count it again.
+    pub(crate) fn handle_report(&self, req: &ReportRequest, delivery: Delivery) {
         let amended = self.with_lazy_cause(req);
         let req = amended.as_ref().unwrap_or(req);
         match &req.event {
@@ -726,72 +725,13 @@ impl NodeHandler for Agent {
         if !req.pod.pod_uid.is_empty() && !req.pod.container_name.is_empty() {
             self.exec.forget(&req.pod.pod_uid, &req.pod.container_name);
         }
-        self.relay_report(req);
+        relay(&self.exec, &*self.cluster, req, delivery);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reports_left_while_no_agent_listened_are_taken_once() {
-        use stasis_node_api::planfile;
-        let t = tempfile::tempdir().unwrap();
-        let rt = crate::executor::test_runtime();
-        let exec = Arc::new(crate::executor::test_executor(
-            t.path(),
-            &rt,
-            None,
-            stasis_store::Key::random(),
-        ));
-        let agent = Agent {
-            exec: exec.clone(),
-            cluster: Arc::new(Standalone),
-            busy: Arc::new(Busy::default()),
-        };
-        let dir = exec.cfg.plans_dir.clone();
-        let report = |id: &str, event| ReportRequest {
-            container_id: id.into(),
-            pod: PodRef {
-                pod_uid: "uid-1".into(),
-                pod_namespace: "ns".into(),
-                pod_name: "pod-1".into(),
-                container_name: "app".into(),
-            },
-            event,
-        };
-        let restored = ReportEvent::Restored {
-            checkpoint_ref: "l/1".into(),
-            restore_ms: 5,
-        };
-        let cold = ReportEvent::ColdStart {
-            cause: stasis_node_api::ColdStartCause::RestoreFailed,
-            reason: "runc restore failed".into(),
-            checkpoint_ref: Some("l/1".into()),
-        };
-        for (id, event) in [("c1", restored), ("c2", cold)] {
-            let p = planfile::path_for_report(&dir, id).unwrap();
-            planfile::write_report(&p, &report(id, event)).unwrap();
-        }
-        // Not a report: removed, not counted; other files of the directory are not touched.
-        std::fs::write(dir.join("report_c3.json"), b"{not json").unwrap();
-        std::fs::write(dir.join("pod_uid-1_app.skip"), b"{}").unwrap();
-        assert_eq!(agent.take_undelivered_reports(&dir), 2);
-        let m = exec.metrics.render();
-        assert!(
-            m.contains("stasis_agent_restores_total{result=\"restored\"} 1"),
-            "{m}"
-        );
-        assert!(
-            m.contains("stasis_agent_restores_total{result=\"cold_start\"} 1"),
-            "{m}"
-        );
-        assert!(planfile::undelivered_reports(&dir).is_empty());
-        assert!(dir.join("pod_uid-1_app.skip").exists());
-        // Taken once.
-        assert_eq!(agent.take_undelivered_reports(&dir), 0);
-    }
 
     #[test]
     fn final_deadline_is_bounded_by_the_grace_period() {

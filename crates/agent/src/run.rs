@@ -229,20 +229,24 @@ pub fn run(cfg: Config, rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Res
         ));
     }
     let reports_agent = agent.clone();
+    // The reports a predecessor claimed and died handling, listed before this agent's socket
+    // listens: none of them is this agent's own claim in progress.
+    let predecessors = stasis_node_api::planfile::claimed_reports(&cfg.plans_dir);
     let listener =
         stasis_node_api::server::bind(&cfg.socket).map_err(AgentError::io(&cfg.socket))?;
     let socket_inode = std::fs::metadata(&cfg.socket).map(|m| m.ino()).ok();
     let server =
         crate::server::serve(listener, agent, stop.clone()).map_err(AgentError::io(&cfg.socket))?;
     info!(socket = %cfg.socket.display(), node = %cfg.node_name, store = %cfg.store, "stasisd running");
-    // Reports the runtime left while no agent listened (a restore or a cold start during an
-    // agent restart): taken now that the socket listens, and again every few seconds for one
-    // that was left just before it did.
+    // Reports no agent handled (a restore or a cold start during an agent restart, or sent to
+    // an agent killed before it handled it): the predecessor's claimed ones now, whatever their
+    // age, then every few seconds those no one claimed for a while (`reports`).
     {
         let (dir, stop) = (cfg.plans_dir.clone(), stop.clone());
         std::thread::Builder::new()
             .name("undelivered-reports".into())
             .spawn(move || {
+                reports_agent.take_predecessors_reports(&predecessors);
                 while !stop.load(Ordering::SeqCst) {
                     reports_agent.take_undelivered_reports(&dir);
                     for _ in 0..25 {

@@ -15,6 +15,10 @@
 //! <plans>/pod_<pod-uid>_<container-name>.skip      the agent's note that this init container ran
 //!                                                  before the checkpoint being restored: `create`
 //!                                                  makes it exit 0 without running its command
+//! <plans>/report_<container-id>.json               the runtime's report of a restore's outcome,
+//!                                                  written before it is sent; the agent removes
+//!                                                  it once handled (delivery at least once)
+//! <plans>/taking_<container-id>.json               that report claimed by the agent handling it
 //! ```
 //!
 //! The container id is chosen by containerd only when the container is created, so the agent
@@ -195,35 +199,106 @@ pub fn read_failed(path: &Path) -> Result<Option<Failed>, PlanFileError> {
     read_trusted(path)
 }
 
-/// `<dir>/report_<container-id>.json`: a report the runtime could not deliver because no agent
-/// listened (an agent restart), left for the agent to take when it is back.
+/// `<dir>/report_<container-id>.json`: a runtime's report of a restore's outcome, written before
+/// it is sent over the socket and removed by the agent once handled, so that a report is
+/// delivered at least once: sent to an agent that died before handling it, or to none (an agent
+/// restart), the agent that runs next still finds it.
 pub fn path_for_report(dir: &Path, container_id: &str) -> Option<PathBuf> {
     safe_component(container_id).then(|| dir.join(format!("{REPORT_PREFIX}{container_id}.json")))
 }
 const REPORT_PREFIX: &str = "report_";
 
-/// Writes an undelivered report atomically (the runtime's side).
+/// `<dir>/taking_<container-id>.json`: a report an agent has claimed and is handling (renamed
+/// from [`path_for_report`]'s name). Left behind only by an agent that died while handling it:
+/// the agent that starts next handles it again.
+pub fn path_for_claimed_report(dir: &Path, container_id: &str) -> Option<PathBuf> {
+    safe_component(container_id).then(|| dir.join(format!("{CLAIMED_PREFIX}{container_id}.json")))
+}
+const CLAIMED_PREFIX: &str = "taking_";
+
+/// Writes a report atomically (the runtime's side, before it sends it).
 pub fn write_report(path: &Path, r: &crate::ReportRequest) -> io::Result<()> {
     write_atomic(path, &serde_json::to_vec(r)?)
 }
 
-/// An undelivered report, if any (trusted as plan files are: it sets a restore's outcome).
+/// A report file, claimed or not, if any (trusted as plan files are: it sets a restore's
+/// outcome).
 pub fn read_report(path: &Path) -> Result<Option<crate::ReportRequest>, PlanFileError> {
     read_trusted(path)
 }
 
-/// The undelivered reports left in `dir` (the agent's side), in name order.
-pub fn undelivered_reports(dir: &Path) -> Vec<PathBuf> {
+/// What [`claim_report`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportClaim {
+    /// The caller holds the report now, under this (claimed) name: it handles it, then removes
+    /// the file.
+    Mine(PathBuf),
+    /// Another handler claimed it first (its claimed name exists): it is not the caller's.
+    Another,
+    /// Neither name exists: no report file was written (a runtime that writes none, or could
+    /// not), or one was handled and removed already.
+    NoFile,
+}
+
+/// Claims the report file `report` (a [`path_for_report`] name) for handling, by renaming it to
+/// its [`path_for_claimed_report`] name: a rename succeeds for one caller only, so of the
+/// agent's socket handler and its pickup of report files (or of two agents during a rolling
+/// update) exactly one handles it.
+pub fn claim_report(report: &Path) -> io::Result<ReportClaim> {
+    let id = report_id(report, REPORT_PREFIX)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a report file name"))?;
+    let dir = report.parent().unwrap_or(Path::new(""));
+    let claimed = path_for_claimed_report(dir, id)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a plain container id"))?;
+    match std::fs::rename(report, &claimed) {
+        Ok(()) => Ok(ReportClaim::Mine(claimed)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match claimed.symlink_metadata() {
+            Ok(_) => Ok(ReportClaim::Another),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ReportClaim::NoFile),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// The container id in a report file's name (`<prefix><id>.json`), when it is a plain name.
+fn report_id<'a>(path: &'a Path, prefix: &str) -> Option<&'a str> {
+    let id = path
+        .file_name()?
+        .to_str()?
+        .strip_prefix(prefix)?
+        .strip_suffix(".json")?;
+    safe_component(id).then_some(id)
+}
+
+/// The unclaimed report files in `dir` last written at least `min_age` ago (the agent's side),
+/// in name order. A file whose time is ahead of the clock counts as old: the clock was set
+/// back, and a report must not wait for it to catch up.
+pub fn undelivered_reports(dir: &Path, min_age: std::time::Duration) -> Vec<PathBuf> {
+    let now = std::time::SystemTime::now();
+    let old_enough = |p: &Path| {
+        p.symlink_metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| now.duration_since(t).map_or(true, |age| age >= min_age))
+    };
+    let mut out = reports_named(dir, REPORT_PREFIX);
+    out.retain(|p| old_enough(p));
+    out
+}
+
+/// The claimed report files in `dir` (`taking_<id>.json`), in name order: at an agent's start,
+/// those its predecessor was handling when it died.
+pub fn claimed_reports(dir: &Path) -> Vec<PathBuf> {
+    reports_named(dir, CLAIMED_PREFIX)
+}
+
+fn reports_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(REPORT_PREFIX) && n.ends_with(".json"))
-        })
+        .filter(|p| report_id(p, prefix).is_some())
         .collect();
     out.sort();
     out
@@ -513,6 +588,99 @@ mod tests {
             read_skip(&skip),
             Err(PlanFileError::Untrusted { .. })
         ));
+    }
+
+    fn report(id: &str) -> crate::ReportRequest {
+        crate::ReportRequest {
+            container_id: id.into(),
+            pod: crate::PodRef::default(),
+            event: crate::ReportEvent::Restored {
+                checkpoint_ref: "l/1".into(),
+                restore_ms: 5,
+            },
+        }
+    }
+
+    #[test]
+    fn report_names_are_plain_names_only() {
+        let d = Path::new("/run/stasis/plans");
+        assert_eq!(
+            path_for_report(d, "4f1e9c").unwrap(),
+            d.join("report_4f1e9c.json")
+        );
+        assert_eq!(
+            path_for_claimed_report(d, "4f1e9c").unwrap(),
+            d.join("taking_4f1e9c.json")
+        );
+        for bad in ["", "..", "a/b", ".hidden", "a b"] {
+            assert!(path_for_report(d, bad).is_none(), "{bad:?}");
+            assert!(path_for_claimed_report(d, bad).is_none(), "{bad:?}");
+        }
+        // Only a report file's name can be claimed.
+        for not_a_report in [
+            "4f1e9c.json",
+            "report_.json",
+            "report_a b.json",
+            "taking_c.json",
+        ] {
+            let e = claim_report(&d.join(not_a_report)).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{not_a_report}");
+        }
+    }
+
+    /// A report is claimed by one caller only; the others learn whether someone holds it or
+    /// there is no file at all.
+    #[test]
+    fn a_report_is_claimed_once() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("plans");
+        let p = path_for_report(&dir, "c1").unwrap();
+        write_report(&p, &report("c1")).unwrap();
+        let claimed = path_for_claimed_report(&dir, "c1").unwrap();
+        assert_eq!(
+            claim_report(&p).unwrap(),
+            ReportClaim::Mine(claimed.clone())
+        );
+        assert!(!p.exists());
+        assert_eq!(read_report(&claimed).unwrap(), Some(report("c1")));
+        assert_eq!(claim_report(&p).unwrap(), ReportClaim::Another);
+        std::fs::remove_file(&claimed).unwrap();
+        assert_eq!(claim_report(&p).unwrap(), ReportClaim::NoFile);
+    }
+
+    #[test]
+    fn undelivered_reports_are_the_old_enough_unclaimed_ones() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("plans");
+        let min_age = std::time::Duration::from_secs(10);
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        let ahead = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+        for (id, mtime) in [("a", Some(old)), ("b", None), ("c", Some(ahead))] {
+            let p = path_for_report(&dir, id).unwrap();
+            write_report(&p, &report(id)).unwrap();
+            if let Some(m) = mtime {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&p)
+                    .unwrap()
+                    .set_modified(m)
+                    .unwrap();
+            }
+        }
+        let taking = path_for_claimed_report(&dir, "d").unwrap();
+        write_report(&taking, &report("d")).unwrap();
+        std::fs::write(dir.join("pod_u_app.json"), b"{}").unwrap();
+        // The fresh one ("b") is on its way over the socket; one ahead of the clock is old.
+        assert_eq!(
+            undelivered_reports(&dir, min_age),
+            [dir.join("report_a.json"), dir.join("report_c.json")]
+        );
+        assert_eq!(
+            undelivered_reports(&dir, std::time::Duration::ZERO).len(),
+            3
+        );
+        assert_eq!(claimed_reports(&dir), [taking]);
+        assert!(undelivered_reports(&t.path().join("none"), min_age).is_empty());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stasis_node_api::planfile::{self, PlanFile};
@@ -293,9 +294,20 @@ fn no_agent_costs_a_stop_nothing() {
 #[test]
 fn a_restore_that_fails_falls_back_to_the_original_create() {
     let f = Fake::new();
-    let srv = f.agent(|_: &Request| None);
-    let b = f.bundle("b", serde_json::json!({}));
     let plans = f.run_dir().join("plans");
+    let report_file = planfile::path_for_report(&plans, "c9").unwrap();
+    // Whether the report's file was there when the report arrived.
+    let file_when_sent = Arc::new(Mutex::new(None));
+    let srv = {
+        let (file, seen) = (report_file.clone(), file_when_sent.clone());
+        f.agent(move |r: &Request| {
+            if matches!(r.body, RequestBody::Report(_)) {
+                *seen.lock().unwrap() = Some(file.exists());
+            }
+            None
+        })
+    };
+    let b = f.bundle("b", serde_json::json!({}));
     f.plan(
         &planfile::path_for_container(&plans, "c9").unwrap(),
         Some("c9"),
@@ -334,6 +346,21 @@ fn a_restore_that_fails_falls_back_to_the_original_create() {
             && matches!(&rep.event, ReportEvent::ColdStart { cause: ColdStartCause::RestoreFailed, checkpoint_ref: Some(c), .. } if c == "ref-9")),
         "{r:?}"
     );
+    // An agent listened, and the report was still written, before it was sent: an agent killed
+    // before it handled the report leaves it to the next one. Removing the file is the agent's,
+    // once it has handled the report; this stand-in does not, so the wrapper's file is there.
+    let until = Instant::now() + Duration::from_secs(2);
+    while file_when_sent.lock().unwrap().is_none() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(*file_when_sent.lock().unwrap(), Some(true), "written first");
+    let RequestBody::Report(sent) = &r[0].body else {
+        unreachable!()
+    };
+    let left = planfile::read_report(&report_file)
+        .unwrap()
+        .expect("the report's file");
+    assert_eq!(&left, sent);
 }
 
 #[test]
@@ -393,7 +420,7 @@ fn a_restore_makes_start_a_no_op_once() {
         "{}",
         f.log()
     );
-    // No agent listened: the report is left for it.
+    // No agent listened: the report, written before it was sent, is left for it.
     let left = planfile::read_report(&planfile::path_for_report(&plans, "c1").unwrap())
         .unwrap()
         .expect("the report left for the agent");

@@ -12,13 +12,14 @@ use kube::{Client, ResourceExt};
 use stasis_api::{CheckpointPolicy, PodRestore, RestorePhase};
 use stasis_node_api::{PodRef, ReportEvent, ReportRequest};
 use tokio::runtime::Handle;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{is_status, pod_info, MANAGER};
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointOutcome, Executor, NotInPlace, OutOfStep};
 use crate::fence::{self, RecordFacts, Stamp, Verdict};
 use crate::node::{Cluster, InPlace, PodInfo};
+use crate::reports::{self, Delivery};
 use crate::status::{self, PodKey};
 use stasis_api::names::{self, reason, AGENT_COMPONENT};
 
@@ -278,11 +279,29 @@ impl Cluster for KubeCluster {
     }
 
     fn report(&self, req: &ReportRequest) {
+        self.report_with(req, Delivery::First);
+    }
+
+    fn report_again(&self, req: &ReportRequest) {
+        self.report_with(req, Delivery::MaybeAgain);
+    }
+}
+
+impl KubeCluster {
+    /// A report's PodRestore status and Event. One that may have been handled before is
+    /// dropped when its PodRestore already shows it ([`reports::already_reported`]); with no
+    /// PodRestore nothing shows it, and its Event may be emitted a second time.
+    fn report_with(&self, req: &ReportRequest, delivery: Delivery) {
         let Some(key) = self.key_of(&req.pod) else {
             return;
         };
         self.rt.block_on(async {
             let restore = self.restore_of(&key).await;
+            let phase = restore.as_ref().and_then(|r| r.status.as_ref()?.phase);
+            if delivery == Delivery::MaybeAgain && reports::already_reported(phase, &req.event) {
+                info!(pod = %key.name, container = %req.container_id, ?phase, "a report its PodRestore already shows: not applied again");
+                return;
+            }
             match &req.event {
                 ReportEvent::Restored {
                     checkpoint_ref,

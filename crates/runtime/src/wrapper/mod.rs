@@ -120,33 +120,37 @@ impl Ctx {
             .with_io_timeout(io)
     }
 
-    /// Fire and forget, bounded by the connect timeout.
-    /// Tells the agent how a restore ended. With no agent listening (it is restarting), the
-    /// report is left in the plans directory for it to take when it is back: a restore's
-    /// outcome, a cold start above all, must not go unsaid because of an agent restart.
+    /// Tells the agent how a restore ended: the report is written to the plans directory
+    /// first, then sent (fire and forget, bounded by the connect timeout). The agent removes
+    /// the file once it has handled the report, so a report sent to no agent (it is
+    /// restarting), or to one killed before it had handled it, is still taken by the agent that
+    /// runs next: a restore's outcome, a cold start above all, must not go unsaid because of an
+    /// agent restart. A report that cannot be written is still sent.
     fn report(&self, id: &str, pod: PodRef, event: ReportEvent) {
         let req = ReportRequest {
             container_id: id.to_owned(),
             pod,
             event,
         };
-        match self.client(self.cfg.connect_timeout).report(req.clone()) {
-            Err(e) if e.is_no_agent() => {
-                let left = planfile::path_for_report(&self.cfg.plans_dir(), id)
-                    .ok_or_else(|| "not a plain container id".to_owned())
-                    .and_then(|p| planfile::write_report(&p, &req).map_err(|e| e.to_string()));
-                match left {
-                    Ok(()) => self.log(
-                        Level::Info,
-                        &format!("no agent to report {id}'s restore to: left for it"),
-                    ),
-                    Err(e) => self.log(
-                        Level::Warning,
-                        &format!("no agent to report {id}'s restore to, and it cannot be left for it: {e}"),
-                    ),
-                }
-            }
-            _ => {}
+        let left = planfile::path_for_report(&self.cfg.plans_dir(), id)
+            .ok_or_else(|| "not a plain container id".to_owned())
+            .and_then(|p| planfile::write_report(&p, &req).map_err(|e| e.to_string()));
+        if let Err(e) = &left {
+            self.log(
+                Level::Warning,
+                &format!("{id}'s report cannot be left for the agent ({e}): only sent"),
+            );
+        }
+        match (self.client(self.cfg.connect_timeout).report(req), left) {
+            (Ok(()), _) => {}
+            (Err(e), Ok(())) => self.log(
+                Level::Info,
+                &format!("{id}'s report not delivered ({e}): left for the agent"),
+            ),
+            (Err(e), Err(_)) => self.log(
+                Level::Warning,
+                &format!("{id}'s report not delivered ({e}), and not left for the agent"),
+            ),
         }
     }
 
