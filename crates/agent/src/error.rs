@@ -52,6 +52,14 @@ pub enum AgentError {
     SpecHash(String),
     #[error("{0}")]
     Invalid(String),
+    /// The node's disk has no room for the restore's files, even after the chunk cache gave
+    /// back what it held there.
+    #[error("no room on the node's disk for the restore: {needed} bytes needed under {}, {available} free after the chunk cache gave back what it held", .dir.display())]
+    NoRoom {
+        dir: PathBuf,
+        needed: u64,
+        available: u64,
+    },
     /// The manifest read from the store is not the one the controller published (its digest
     /// differs from the lineage record's): replaced by someone who holds the data key.
     #[error("the manifest of {reference} is not the one published: the controller recorded {recorded}, the store holds {found}")]
@@ -98,6 +106,7 @@ impl AgentError {
             | AgentError::SpecHash(_)
             | AgentError::ContainersDiffer(_) => "incompatible",
             AgentError::Invalid(_) => "invalid",
+            AgentError::NoRoom { .. } => "no_room",
             AgentError::ManifestMismatch { .. } => "integrity",
         }
     }
@@ -124,6 +133,7 @@ impl AgentError {
             | AgentError::Fenced(_)
             | AgentError::Kube(_)
             | AgentError::NoClient(_)
+            | AgentError::NoRoom { .. }
             | AgentError::ManifestMismatch { .. } => RestoreFailure::Other,
         }
     }

@@ -35,9 +35,24 @@ use stasis_testkit::s3::S3Server;
 
 use common::*;
 
-/// Large enough that most of it is left to the lazy transfer, which is still going when the
-/// restored counter runs.
-const STATE_MB: &str = "STATE_MB=256";
+/// The counter's state: large enough that most of it is left to the lazy transfer, which is
+/// still going when the restored counter runs; `bench/lazy-node.sh` sets
+/// `STASIS_BENCH_STATE_MB` to time the node path at larger sizes.
+fn state_mb() -> u64 {
+    bench_state_mb().unwrap_or(256)
+}
+
+/// The size `bench/lazy-node.sh` asked for: then the first test also restores the same
+/// checkpoint in full (the baseline) and prints one `bench:` line per restore.
+fn bench_state_mb() -> Option<u64> {
+    std::env::var("STASIS_BENCH_STATE_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+fn state_env() -> String {
+    format!("STATE_MB={}", state_mb())
+}
 
 struct Lab {
     w: World,
@@ -87,7 +102,7 @@ impl Lab {
         let b = pod_bundle(
             &self.w,
             &format!("b-{id}"),
-            &[STATE_MB, "INTERVAL_MS=50"],
+            &[&state_env(), "INTERVAL_MS=50"],
             "uid-source",
             "counter-a",
         );
@@ -182,7 +197,7 @@ fn the_node_path_restores_lazily_and_the_count_goes_on() {
     let b = pod_bundle(
         &lab.w,
         "b-lazy",
-        &[STATE_MB, "INTERVAL_MS=50"],
+        &[&state_env(), "INTERVAL_MS=50"],
         "uid-lazy-1",
         "counter-b",
     );
@@ -199,9 +214,10 @@ fn the_node_path_restores_lazily_and_the_count_goes_on() {
         prepared.fetch_ms
     );
     assert!(
-        prepared.bytes < 32 << 20,
-        "{} bytes staged of a 256 MiB state",
-        prepared.bytes
+        prepared.bytes < (32 << 20).max((state_mb() << 20) / 64),
+        "{} bytes staged of a {} MiB state",
+        prepared.bytes,
+        state_mb()
     );
 
     let t = Instant::now();
@@ -209,8 +225,9 @@ fn the_node_path_restores_lazily_and_the_count_goes_on() {
     let running = t.elapsed();
     let first = first_count(&rx);
     eprintln!(
-        "node path, lazy: create to running {} ms (256 MiB state); first count {first} after {before}",
-        running.as_millis()
+        "node path, lazy: create to running {} ms ({} MiB state); first count {first} after {before}",
+        running.as_millis(),
+        state_mb()
     );
     assert!(
         first > before && first <= before + 3,
@@ -220,11 +237,12 @@ fn the_node_path_restores_lazily_and_the_count_goes_on() {
     // The agent serves the rest until every page is in place; then the images go.
     lab.metrics_show(
         "stasis_agent_restores_total{result=\"lazy_resident\"} 1",
-        120,
+        120.max(state_mb() / 8),
     );
+    let resident = t.elapsed();
     eprintln!(
         "node path, lazy: create to full residency {} ms (seen within 50 ms)",
-        t.elapsed().as_millis()
+        resident.as_millis()
     );
     wait_for("the lazy restore's images to go", 10, || {
         !prepared.image_dir.exists()
@@ -233,6 +251,48 @@ fn the_node_path_restores_lazily_and_the_count_goes_on() {
 
     // Every page intact: the counter checks all of its state.
     assert_full_check(&lab.w, "nl-b");
+    let Some(mb) = bench_state_mb() else {
+        return;
+    };
+    println!(
+        "bench: node_path mode=lazy state_mb={mb} staged_bytes={} prepare_ms={} create_to_running_ms={} create_to_resident_ms={}",
+        prepared.bytes,
+        prepared.fetch_ms,
+        running.as_millis(),
+        resident.as_millis()
+    );
+
+    // The baseline, in the same run: the same checkpoint prepared in full (every chunk fetched
+    // and staged before the create), then the same create.
+    lab.w.runc().delete_force("nl-b").unwrap();
+    lab.exec.set_lazy_restore(LazyRestore::Off);
+    let b = pod_bundle(
+        &lab.w,
+        "b-full",
+        &[&state_env(), "INTERVAL_MS=50"],
+        "uid-full-1",
+        "counter-c",
+    );
+    let prepared = lab.prepare(&reference, "uid-full-1", &b);
+    assert!(
+        !plan_of(&prepared.plan_path).lazy,
+        "the baseline is a full restore"
+    );
+    let t = Instant::now();
+    let rx = wrapper_create_start(&mut lab.w, &b, "nl-c");
+    let running = t.elapsed();
+    let first = first_count(&rx);
+    assert!(
+        first > before && first <= before + 3,
+        "full restore: first={first}, before={before}"
+    );
+    assert_full_check(&lab.w, "nl-c");
+    println!(
+        "bench: node_path mode=full state_mb={mb} staged_bytes={} prepare_ms={} create_to_running_ms={}",
+        prepared.bytes,
+        prepared.fetch_ms,
+        running.as_millis()
+    );
 }
 
 #[test]
@@ -272,7 +332,7 @@ fn a_damaged_chunk_fails_the_restore_or_kills_the_container() {
     let b = pod_bundle(
         &lab.w,
         "b-bad",
-        &[STATE_MB, "INTERVAL_MS=50"],
+        &[&state_env(), "INTERVAL_MS=50"],
         "uid-lazy-2",
         "counter-c",
     );
@@ -346,7 +406,7 @@ fn a_lazy_restore_lost_before_its_container_started_is_served_again() {
     let b = pod_bundle(
         &lab.w,
         "b-lost",
-        &[STATE_MB, "INTERVAL_MS=50"],
+        &[&state_env(), "INTERVAL_MS=50"],
         uid,
         "counter-b",
     );

@@ -333,10 +333,25 @@ impl ChunkCache {
 
     /// Removes least recently used entries until the total fits the bound.
     fn evict(&self) {
+        self.evict_down_to(self.max_bytes);
+    }
+
+    /// Gives disk space back to a restore that needs it on the same filesystem (a full disk on
+    /// the node must not turn a restore into a cold start while the cache holds room): removes
+    /// least recently used entries until `bytes` are freed or the cache is empty. Returns the
+    /// bytes of the entries removed.
+    pub fn yield_space(&self, bytes: u64) -> u64 {
+        let held = self.lock().stats.bytes;
+        self.evict_down_to(held.saturating_sub(bytes));
+        held.saturating_sub(self.lock().stats.bytes)
+    }
+
+    /// Removes least recently used entries until the index holds at most `bound` bytes.
+    fn evict_down_to(&self, bound: u64) {
         loop {
             let victim = {
                 let mut ix = self.lock();
-                if ix.stats.bytes <= self.max_bytes {
+                if ix.stats.bytes <= bound {
                     return;
                 }
                 let v = ix.pop_oldest();
@@ -402,5 +417,45 @@ fn scan(dir: &Path, out: &mut Vec<(String, u64, SystemTime)>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache holding `n` entries of `size` bytes each, the first written the longest ago.
+    fn cache_of(n: u64, size: u64) -> (tempfile::TempDir, ChunkCache, Vec<PathBuf>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let key = "0123456789abcdef";
+        let start = SystemTime::now() - Duration::from_secs(3600);
+        let mut paths = Vec::new();
+        for i in 0..n {
+            let id = format!("{i:064x}");
+            let path = tmp.path().join(rel(key, &id).unwrap());
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let f = std::fs::File::create(&path).unwrap();
+            f.set_len(size).unwrap();
+            f.set_modified(start + Duration::from_secs(i)).unwrap();
+            paths.push(path);
+        }
+        let cache = ChunkCache::open(tmp.path(), u64::MAX).unwrap();
+        (tmp, cache, paths)
+    }
+
+    #[test]
+    fn the_cache_yields_its_oldest_entries_to_a_restore_that_needs_the_room() {
+        let (_tmp, cache, paths) = cache_of(4, 1000);
+        assert_eq!(cache.stats().bytes, 4000);
+        // 1500 bytes asked: the two oldest entries go (whole entries), the newer two stay.
+        assert_eq!(cache.yield_space(1500), 2000);
+        assert!(!paths[0].exists() && !paths[1].exists());
+        assert!(paths[2].exists() && paths[3].exists());
+        assert_eq!(cache.stats().bytes, 2000);
+        assert_eq!(cache.stats().evicted, 2);
+        // More than it holds: all of it, and no more than it held.
+        assert_eq!(cache.yield_space(1 << 30), 2000);
+        assert_eq!(cache.stats().entries, 0);
+        assert_eq!(cache.yield_space(1), 0);
     }
 }

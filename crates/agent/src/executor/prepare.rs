@@ -123,6 +123,7 @@ impl Executor {
             job,
             node::fingerprint_for_restore(&manifest.requirements.node),
         )?;
+        self.make_room(&manifest)?;
 
         let pod_dir = self.pod_images(&job.pod_uid);
         private_dir(&self.cfg.images_dir)?;

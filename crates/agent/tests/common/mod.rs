@@ -59,11 +59,22 @@ pub fn executor_on(
     store: Store,
     key: Key,
 ) -> Arc<Executor> {
+    executor_with_images(w, rt, store, key, w.path("images"))
+}
+
+/// [`executor_on`], its restores staged under `images_dir`.
+pub fn executor_with_images(
+    w: &World,
+    rt: &tokio::runtime::Runtime,
+    store: Store,
+    key: Key,
+    images_dir: PathBuf,
+) -> Arc<Executor> {
     Arc::new(Executor::new(
         ExecutorConfig {
             runc_root: w.runc_root.clone(),
             work_dir: w.path("work"),
-            images_dir: w.path("images"),
+            images_dir,
             plans_dir: w.run_dir().join("plans"),
             node_name: "test-node".into(),
             plan_ttl: Duration::from_secs(600),

@@ -55,8 +55,10 @@ impl Files {
                 .truncate(true)
                 .open(&p)
                 .map_err(EngineError::io(&p))?;
-            // Sparse: only what is fetched takes room.
-            h.set_len(f.size).map_err(EngineError::io(&p))?;
+            // Only what is fetched is written, but every page arrives in the end: the room is
+            // taken at once (chunks cached meanwhile cannot take it, and a disk without it
+            // fails the staging before the container runs, not the transfer after).
+            allocate(&h, f.size).map_err(EngineError::io(&p))?;
             handles.push(h);
         }
         let starts = files
@@ -180,5 +182,26 @@ impl Files {
         for h in hs {
             let _ = h.join();
         }
+    }
+}
+
+/// Sizes `f` to `len` bytes and gives it that much disk at once (`fallocate`); where the
+/// filesystem cannot allocate ahead it stays sparse.
+fn allocate(f: &std::fs::File, len: u64) -> std::io::Result<()> {
+    f.set_len(len)?;
+    let Ok(len) = i64::try_from(len) else {
+        return Ok(());
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    match nix::fcntl::fallocate(
+        std::os::fd::AsRawFd::as_raw_fd(f),
+        nix::fcntl::FallocateFlags::empty(),
+        0,
+        len,
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }

@@ -345,8 +345,32 @@ pub(super) fn create_files(
                 .mode(0o600)
                 .open(&p)
                 .map_err(|e| StoreError::io(&p, e))?;
-            f.set_len(*size).map_err(|e| StoreError::io(&p, e))?;
+            // The restore's room taken at once rather than as chunks arrive: chunks cached
+            // meanwhile (by this restore or another) cannot take it, and a disk without it
+            // fails here, before anything is fetched.
+            allocate(&f, *size).map_err(|e| StoreError::io(&p, e))?;
             Ok(Arc::new(f))
         })
         .collect()
+}
+
+/// Sizes `f` to `len` bytes and gives it that much disk at once (`fallocate`); where the
+/// filesystem cannot allocate ahead it stays sparse.
+fn allocate(f: &std::fs::File, len: u64) -> std::io::Result<()> {
+    f.set_len(len)?;
+    let Ok(len) = i64::try_from(len) else {
+        return Ok(());
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    match nix::fcntl::fallocate(
+        std::os::fd::AsRawFd::as_raw_fd(f),
+        nix::fcntl::FallocateFlags::empty(),
+        0,
+        len,
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
