@@ -608,7 +608,7 @@ if P=$(current); then
         ! kubectl -n stasis-system get pod "$agent" >/dev/null 2>&1
     }
     check "7: the kubelet ended the agent $agent after the workloads" retry 60 agent_ended
-    grep -E 'final checkpoint|checkpoints in progress|stopping' "$WORK/agent-$n.log" | cut -c1-300 | sed 's/^/# 7: agent: /'
+    grep -E 'final checkpoint|checkpoints in progress|stopping' "$WORK/agent-$n.log" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-700 | sed 's/^/# 7: agent: /'
     # The shutdown is over for the node (a real one would power off now): cancel it at once.
     "$CLUSTER" prepare-for-shutdown "$n" false 2>&1 | sed 's/^/# /'
     settle 7 app=counter "$t"
