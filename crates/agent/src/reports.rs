@@ -6,7 +6,7 @@
 //! `taking_<container id>.json`, which one caller only wins), and removes the claimed file once
 //! the report is handled. So a report is handled once while the agent lives, and a report the
 //! agent died handling (its claimed file left) is handled again by the agent that starts next:
-//! a duplicate, which [`Agent::handle_report`] tolerates, rather than a restore whose outcome
+//! a duplicate, which `Agent::handle_report` tolerates, rather than a restore whose outcome
 //! nobody hears of (the soak's lost report: a restored replacement's PodRestore left `Ready`).
 
 use std::path::{Path, PathBuf};
