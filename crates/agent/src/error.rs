@@ -53,12 +53,13 @@ pub enum AgentError {
     #[error("{0}")]
     Invalid(String),
     /// The node's disk has no room for the restore's files, even after the chunk cache gave
-    /// back what it held there.
-    #[error("no room on the node's disk for the restore: {needed} bytes needed under {}, {available} free after the chunk cache gave back what it held", .dir.display())]
+    /// back what it held there (`freed`: none when it holds nothing or lives on another disk).
+    #[error("no room on the node's disk for the restore: {needed} bytes needed under {}, {available} free, {freed} of them given back by the node's chunk cache", .dir.display())]
     NoRoom {
         dir: PathBuf,
         needed: u64,
         available: u64,
+        freed: u64,
     },
     /// The manifest read from the store is not the one the controller published (its digest
     /// differs from the lineage record's): replaced by someone who holds the data key.

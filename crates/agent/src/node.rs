@@ -82,14 +82,10 @@ pub trait Cluster: Send + Sync {
         stamp: &Stamp,
         result: &Result<CheckpointOutcome>,
     );
-    /// The wrapper's report of a restore or a cold start.
-    fn report(&self, req: &ReportRequest);
-    /// A report that may have been handled already (taken from a file an agent may have
-    /// handled before it died, [`Delivery::MaybeAgain`]): as [`Cluster::report`], without what
-    /// shows it was applied. Default: applied as a first one.
-    fn report_again(&self, req: &ReportRequest) {
-        self.report(req);
-    }
+    /// The wrapper's report of a restore or a cold start; one that may have been handled
+    /// already ([`Delivery::MaybeAgain`]: taken from a file an agent may have handled before it
+    /// died) is not applied again where its effect shows.
+    fn report(&self, req: &ReportRequest, delivery: Delivery);
     /// A container of `pod` was OOM-killed, or lost its restore before it started (`cause`):
     /// `Ok(checkpoint)` when its restart restores that checkpoint in place (record it),
     /// `Err(why)` when it starts cold (say why; a lost restore's cold start is reported as a
@@ -113,10 +109,7 @@ pub trait Cluster: Send + Sync {
 /// cold, the rest of its pod follows it, so that no container runs from the checkpoint beside
 /// one that starts over (`executor::members`).
 fn relay(exec: &Executor, cluster: &dyn Cluster, req: &ReportRequest, delivery: Delivery) {
-    match delivery {
-        Delivery::First => cluster.report(req),
-        Delivery::MaybeAgain => cluster.report_again(req),
-    }
+    cluster.report(req, delivery);
     if !matches!(req.event, ReportEvent::ColdStart { .. }) {
         return;
     }
@@ -214,7 +207,7 @@ impl Cluster for Standalone {
         _: &Result<CheckpointOutcome>,
     ) {
     }
-    fn report(&self, _: &ReportRequest) {}
+    fn report(&self, _: &ReportRequest, _: Delivery) {}
     fn restart_in_place(
         &self,
         _: &PodInfo,

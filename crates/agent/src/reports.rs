@@ -188,17 +188,11 @@ mod tests {
             _: &crate::Result<CheckpointOutcome>,
         ) {
         }
-        fn report(&self, req: &ReportRequest) {
+        fn report(&self, req: &ReportRequest, delivery: Delivery) {
             self.0
                 .lock()
                 .unwrap()
-                .push((req.container_id.clone(), false));
-        }
-        fn report_again(&self, req: &ReportRequest) {
-            self.0
-                .lock()
-                .unwrap()
-                .push((req.container_id.clone(), true));
+                .push((req.container_id.clone(), delivery == Delivery::MaybeAgain));
         }
         fn restart_in_place(&self, _: &PodInfo, _: &str, _: InPlace, _: Result<&str, &NotInPlace>) {
         }

@@ -40,9 +40,7 @@ pub fn chunk_cache_bound(configured: Option<u64>, fs_bytes: Option<u64>) -> u64 
 
 /// The size of the filesystem holding `dir` (or its nearest existing parent).
 fn filesystem_bytes(dir: &std::path::Path) -> Option<u64> {
-    let existing = dir.ancestors().find(|p| p.exists())?;
-    let st = nix::sys::statvfs::statvfs(existing).ok()?;
-    Some(st.blocks() as u64 * st.fragment_size() as u64)
+    crate::executor::room::filesystem_space(dir).map(|s| s.total)
 }
 
 /// Opens the node's chunk cache and gives it to the store: every checkpoint's chunks are cached

@@ -28,6 +28,7 @@ use stasis_agent::error::Result;
 use stasis_agent::executor::{CheckpointJob, CheckpointOutcome, NotInPlace, Target};
 use stasis_agent::fence::{Stamp, Verdict};
 use stasis_agent::node::{Agent, Busy, Cluster, InPlace, PodInfo, Standalone};
+use stasis_agent::reports::Delivery;
 use stasis_agent::server::NodeHandler;
 use stasis_agent::status::PodKey;
 use stasis_core::interval::{Measured, COST_SAMPLES};
@@ -63,8 +64,8 @@ impl Cluster for Recording {
     ) {
         Standalone.checkpoint_finished(rec, p, s, r)
     }
-    fn report(&self, req: &ReportRequest) {
-        Standalone.report(req)
+    fn report(&self, req: &ReportRequest, delivery: Delivery) {
+        Standalone.report(req, delivery)
     }
     fn restart_in_place(
         &self,

@@ -20,16 +20,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stasis_agent::executor::{
-    CheckpointJob, Executor, LazyFailure, LazyRestore, PrepareJob, Target,
-};
-use stasis_agent::fence::{self, Verdict};
-use stasis_core::WorkloadName;
+use stasis_agent::executor::{Executor, LazyFailure, LazyRestore};
 use stasis_store::{Key, Store};
 use stasis_testkit::s3::S3Server;
 
@@ -108,26 +103,7 @@ impl Lab {
         );
         let lines = self.w.run_piped(&b, id);
         wait_counts(&lines, 5);
-        let lineage = WorkloadName::new("default_pod_counter-a").unwrap();
-        let out = self
-            .exec
-            .checkpoint(
-                &CheckpointJob {
-                    target: Target::ContainerId(id.into()),
-                    namespace: "default".into(),
-                    pod_name: "counter-a".into(),
-                    stamp: fence::standalone_stamp(&lineage, "default", "uid-source"),
-                    spec_hash: None,
-                    declared: BTreeMap::new(),
-                    reason: "Termination".into(),
-                    leave_running: false,
-                    deadline: None,
-                    on_captured: None,
-                    expected: Vec::new(),
-                },
-                &|| Verdict::NoRecord,
-            )
-            .expect("checkpoint");
+        let out = checkpoint_stopped(&self.exec, id, "counter-a", "uid-source");
         self.w.runc().delete_force(id).unwrap();
         let last = last_count(&lines).expect("the counter printed");
         (last, out.reference)
@@ -137,17 +113,7 @@ impl Lab {
     /// checkpoint recorded).
     fn prepare(&self, reference: &str, uid: &str, b: &Path) -> stasis_agent::executor::Prepared {
         self.exec
-            .prepare(&PrepareJob {
-                reference: reference.parse().unwrap(),
-                namespace: "default".into(),
-                pod_uid: uid.into(),
-                container_name: None,
-                layout: None,
-                spec_hash: None,
-                image_digest: stasis_engine::restore::bundle_image_digest(b).unwrap(),
-                declared: BTreeMap::new(),
-                manifest_digest: None,
-            })
+            .prepare(&prepare_job(reference, uid, b))
             .expect("prepare")
     }
 

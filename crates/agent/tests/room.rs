@@ -15,14 +15,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use stasis_agent::executor::{CheckpointJob, PrepareJob, Target};
-use stasis_agent::fence::{self, Verdict};
-use stasis_core::WorkloadName;
 use stasis_store::{ChunkCache, Key, Store};
 
 use common::*;
@@ -69,20 +65,6 @@ impl Drop for SmallDisk {
     }
 }
 
-fn prepare_job(reference: &str, uid: &str, b: &Path) -> PrepareJob {
-    PrepareJob {
-        reference: reference.parse().unwrap(),
-        namespace: "default".into(),
-        pod_uid: uid.into(),
-        container_name: None,
-        layout: None,
-        spec_hash: None,
-        image_digest: stasis_engine::restore::bundle_image_digest(b).unwrap(),
-        declared: BTreeMap::new(),
-        manifest_digest: None,
-    }
-}
-
 #[test]
 fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
     if !ready("a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes") {
@@ -101,25 +83,7 @@ fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
     let b1 = pod_bundle(&w, "b1", &env, "uid-source", "counter-a");
     let lines = w.run_piped(&b1, "c1");
     wait_counts(&lines, 5);
-    let lineage = WorkloadName::new("default_pod_counter-a").unwrap();
-    let out = exec
-        .checkpoint(
-            &CheckpointJob {
-                target: Target::ContainerId("c1".into()),
-                namespace: "default".into(),
-                pod_name: "counter-a".into(),
-                stamp: fence::standalone_stamp(&lineage, "default", "uid-source"),
-                spec_hash: None,
-                declared: BTreeMap::new(),
-                reason: "Termination".into(),
-                leave_running: false,
-                deadline: None,
-                on_captured: None,
-                expected: Vec::new(),
-            },
-            &|| Verdict::NoRecord,
-        )
-        .expect("checkpoint");
+    let out = checkpoint_stopped(&exec, "c1", "counter-a", "uid-source");
     w.runc().delete_force("c1").unwrap();
     let before = last_count(&lines).unwrap();
     let cached = cache.stats().bytes;
@@ -137,8 +101,7 @@ fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
     // margin), more than it needs once the cache has given its chunks back.
     disk.fill_until("ballast-1", 20 << 20);
     let b2 = pod_bundle(&w, "b2", &env, "uid-full-1", "counter-b");
-    let prepared = exec
-        .prepare(&prepare_job(&out.reference, "uid-full-1", &b2))
+    exec.prepare(&prepare_job(&out.reference, "uid-full-1", &b2))
         .expect("prepare on a full disk with a cache to give room back");
     let stats = cache.stats();
     eprintln!(
@@ -159,7 +122,6 @@ fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
     );
     assert_full_check(&w, "c2");
     w.runc().delete_force("c2").unwrap();
-    drop(prepared);
 
     // Now nothing left to give: the cache emptied, the disk full but for 8 MiB.
     cache.yield_space(u64::MAX);

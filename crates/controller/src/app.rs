@@ -312,18 +312,15 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
                     .map_err(anyhow::Error::msg)?,
             )
         };
-        let (policies, watch) =
-            stasis_api::cache::watch_all::<stasis_api::CheckpointPolicy, _>(client.clone(), || {});
+        use stasis_api::cache::watch_all;
+        let (policies, watch) = watch_all::<stasis_api::CheckpointPolicy, _>(client.clone(), || {});
         tokio::spawn(watch);
-        let nodes =
-            (a.prestage_receivers > 0).then(|| {
-                let (nodes, watch) = stasis_api::cache::watch_all::<
-                    k8s_openapi::api::core::v1::Node,
-                    _,
-                >(client.clone(), || {});
-                tokio::spawn(watch);
-                nodes
-            });
+        let nodes = (a.prestage_receivers > 0).then(|| {
+            let (nodes, watch) =
+                watch_all::<k8s_openapi::api::core::v1::Node, _>(client.clone(), || {});
+            tokio::spawn(watch);
+            nodes
+        });
         let hook = Arc::new(Webhook {
             client: client.clone(),
             records: Records::new(client.clone(), &namespace).with_cap(a.max_records_per_namespace),

@@ -23,7 +23,7 @@ mod members;
 mod plans;
 mod pod;
 mod prepare;
-mod room;
+pub(crate) mod room;
 
 pub use kept::{KeptLatest, NotInPlace};
 pub use lazy::{LazyFailure, LazyRestore};

@@ -26,7 +26,7 @@ impl Executor {
         let dir = &self.cfg.images_dir;
         let needed = manifest.files.iter().map(|f| f.size).sum::<u64>() + MARGIN_BYTES;
         // (a filesystem that cannot say: the restore tries, and a write that fails says why)
-        let Some(available) = available_bytes(dir) else {
+        let Some(available) = filesystem_space(dir).map(|s| s.available) else {
             return Ok(());
         };
         if available >= needed {
@@ -38,7 +38,7 @@ impl Executor {
             }
             _ => 0,
         };
-        let available = available_bytes(dir).unwrap_or(available + freed);
+        let available = filesystem_space(dir).map_or(available + freed, |s| s.available);
         if freed > 0 {
             info!(needed, freed, available, dir = %dir.display(), "the chunk cache gave disk space back for a restore");
         }
@@ -49,16 +49,26 @@ impl Executor {
             dir: dir.clone(),
             needed,
             available,
+            freed,
         })
     }
 }
 
-/// The bytes an unprivileged writer may still use on the filesystem of `dir` (or of its
-/// nearest existing parent).
-pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
+/// The size of a filesystem and what an unprivileged writer may still use of it.
+pub(crate) struct FilesystemSpace {
+    pub(crate) total: u64,
+    pub(crate) available: u64,
+}
+
+/// The space of the filesystem that holds `dir` (or its nearest existing parent).
+pub(crate) fn filesystem_space(dir: &Path) -> Option<FilesystemSpace> {
     let existing = dir.ancestors().find(|p| p.exists())?;
     let st = nix::sys::statvfs::statvfs(existing).ok()?;
-    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
+    let block = st.fragment_size() as u64;
+    Some(FilesystemSpace {
+        total: st.blocks() as u64 * block,
+        available: st.blocks_available() as u64 * block,
+    })
 }
 
 fn same_filesystem(a: &Path, b: &Path) -> bool {
@@ -82,6 +92,7 @@ mod tests {
             &tmp.path().join("not/yet/made")
         ));
         assert!(!same_filesystem(tmp.path(), Path::new("/proc/self")));
-        assert!(available_bytes(&tmp.path().join("not/yet")).is_some_and(|b| b > 0));
+        let space = filesystem_space(&tmp.path().join("not/yet")).expect("the space of a tmpdir");
+        assert!(space.total >= space.available && space.available > 0);
     }
 }

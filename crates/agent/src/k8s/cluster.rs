@@ -278,20 +278,10 @@ impl Cluster for KubeCluster {
         }
     }
 
-    fn report(&self, req: &ReportRequest) {
-        self.report_with(req, Delivery::First);
-    }
-
-    fn report_again(&self, req: &ReportRequest) {
-        self.report_with(req, Delivery::MaybeAgain);
-    }
-}
-
-impl KubeCluster {
     /// A report's PodRestore status and Event. One that may have been handled before is
     /// dropped when its PodRestore already shows it ([`reports::already_reported`]); with no
     /// PodRestore nothing shows it, and its Event may be emitted a second time.
-    fn report_with(&self, req: &ReportRequest, delivery: Delivery) {
+    fn report(&self, req: &ReportRequest, delivery: Delivery) {
         let Some(key) = self.key_of(&req.pod) else {
             return;
         };

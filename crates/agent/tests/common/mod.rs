@@ -11,7 +11,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use stasis_agent::executor::{Executor, ExecutorConfig, StaticKey};
+use std::collections::BTreeMap;
+
+use stasis_agent::executor::{
+    CheckpointJob, CheckpointOutcome, Executor, ExecutorConfig, PrepareJob, StaticKey, Target,
+};
+use stasis_agent::fence::{self, Verdict};
 use stasis_agent::metrics::Metrics;
 use stasis_agent::node::{Agent, Busy, Standalone};
 use stasis_store::{Key, Store};
@@ -44,6 +49,50 @@ pub fn pod_bundle(w: &World, name: &str, env: &[&str], pod_uid: &str, pod_name: 
     let b = w.bundle(name, env);
     bundle::annotate(&b, &bundle::cri_app_annotations(pod_uid, pod_name));
     b
+}
+
+/// The final checkpoint (`Termination`, the container stopped) of container `id`, the app of
+/// pod `default/<pod_name>` (uid `pod_uid`), taken as an agent outside a cluster takes it.
+pub fn checkpoint_stopped(
+    exec: &Executor,
+    id: &str,
+    pod_name: &str,
+    pod_uid: &str,
+) -> CheckpointOutcome {
+    let lineage = stasis_core::WorkloadName::new(format!("default_pod_{pod_name}")).unwrap();
+    exec.checkpoint(
+        &CheckpointJob {
+            target: Target::ContainerId(id.into()),
+            namespace: "default".into(),
+            pod_name: pod_name.into(),
+            stamp: fence::standalone_stamp(&lineage, "default", pod_uid),
+            spec_hash: None,
+            declared: BTreeMap::new(),
+            reason: "Termination".into(),
+            leave_running: false,
+            deadline: None,
+            on_captured: None,
+            expected: Vec::new(),
+        },
+        &|| Verdict::NoRecord,
+    )
+    .expect("checkpoint")
+}
+
+/// The preparation of checkpoint `reference` for the app container of pod `pod_uid`, whose
+/// bundle `b` carries the image digest the checkpoint recorded.
+pub fn prepare_job(reference: &str, pod_uid: &str, b: &Path) -> PrepareJob {
+    PrepareJob {
+        reference: reference.parse().unwrap(),
+        namespace: "default".into(),
+        pod_uid: pod_uid.into(),
+        container_name: None,
+        layout: None,
+        spec_hash: None,
+        image_digest: stasis_engine::restore::bundle_image_digest(b).unwrap(),
+        declared: BTreeMap::new(),
+        manifest_digest: None,
+    }
 }
 
 /// An executor on the world's runc root, over a `file://` store in it.
