@@ -170,7 +170,14 @@ fn the_node_path_restores_lazily_and_the_count_goes_on() {
     let prepared = lab.prepare(&reference, "uid-lazy-1", &b);
     let plan = plan_of(&prepared.plan_path);
     assert!(plan.lazy, "the plan is not lazy: {plan:?}");
-    assert!(prepared.image_dir.join("criu/lazy-pages.socket").exists());
+    // The daemon listens on the run directory, not beside the images (a disk that fills after
+    // the staging must not fail the restore: tests/room.rs).
+    let work = plan.lazy_work_dir();
+    assert!(
+        work.join("lazy-pages.socket").exists() && !work.starts_with(&prepared.image_dir),
+        "the lazy restore's work dir {} is not where its daemon should listen",
+        work.display()
+    );
     // Staged: the small files and the eager pages only.
     let staged = bytes_under(&prepared.image_dir);
     eprintln!(
@@ -416,4 +423,102 @@ fn a_lazy_restore_lost_before_its_container_started_is_served_again() {
     assert!(!lab.exec.metrics.render().contains("lazy_failed"));
     assert_full_check(&lab.w, "nlost-c");
     drop(server);
+}
+
+/// The pid of the `criu lazy-pages` daemon that listens in `work`.
+fn lazy_daemon_in(work: &Path) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        (args.contains(&b"lazy-pages".as_slice())
+            && args.contains(&work.as_os_str().as_encoded_bytes()))
+        .then_some(pid)
+    })
+}
+
+/// The agent dies after it staged a lazy restore and before the container's create (soak
+/// finding: the create then found the plan with its page server gone and started cold). Its
+/// watchdog removes the daemon's socket and kills the daemon; the create waits for the next
+/// agent, which withdraws the plan and prepares the restore again, and restores from that.
+#[test]
+fn a_lazy_restore_whose_agent_died_is_served_again_by_the_next_agent() {
+    let test = "a_lazy_restore_whose_agent_died_is_served_again_by_the_next_agent";
+    let Some(mut lab) = Lab::new(test, "node-died") else {
+        return;
+    };
+    let (before, reference) = lab.checkpointed_counter("ndied-a");
+    let uid = "uid-died-1";
+    let b = pod_bundle(
+        &lab.w,
+        "b-died",
+        &[&state_env(), "INTERVAL_MS=50"],
+        uid,
+        "counter-b",
+    );
+    let prepared = lab.prepare(&reference, uid, &b);
+    let work = plan_of(&prepared.plan_path).lazy_work_dir();
+
+    // What the agent's death does to its lazy restore (its watchdog's part): the socket goes,
+    // then the daemon. Its executor here lives on, so its serving thread is let finish first.
+    let daemon = lazy_daemon_in(&work).expect("the lazy restore's daemon runs");
+    std::fs::remove_file(work.join("lazy-pages.socket")).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(lab
+        .exec
+        .lazy_failure_before_run(uid, "counter", Duration::from_secs(20))
+        .is_some());
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The next agent comes up a second after the create arrives.
+    let store = lab
+        .rt
+        .block_on(async { Store::open("s3://ckpts/node-lazy") })
+        .unwrap();
+    let next = executor_on(&lab.w, &lab.rt, store, lab.key.clone());
+    next.set_lazy_restore(LazyRestore::Auto);
+    let starting = {
+        let (next, job) = (next.clone(), prepare_job(&reference, uid, &b));
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            let withdrawn = next.withdraw_orphaned_lazy_plans(60_000);
+            assert!(withdrawn.contains("uid-died-1"), "{withdrawn:?}");
+            next.prepare(&job).expect("prepare again")
+        })
+    };
+    let t = Instant::now();
+    let rx = wrapper_create_start(&mut lab.w, &b, "ndied-b");
+    let again = starting.join().unwrap();
+    assert!(plan_of_consumed(&again.plan_path).lazy);
+    let first = first_count(&rx);
+    let log = std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
+    eprintln!(
+        "served again by the next agent: first count {first} after {before}, {} ms from the create",
+        t.elapsed().as_millis()
+    );
+    assert!(
+        first > before && first <= before + 3,
+        "first={first}, before={before}: the create did not wait for the next agent; log: {log}"
+    );
+    assert!(
+        log.contains("waiting for the next agent"),
+        "the wrapper did not say why it waited; log: {log}"
+    );
+    wait_for("residency from the next agent", 120, || {
+        next.metrics
+            .render()
+            .contains("stasis_agent_restores_total{result=\"lazy_resident\"} 1")
+    });
+    assert_full_check(&lab.w, "ndied-b");
+}
+
+/// A plan file after its create took it (`<plan>.consumed`).
+fn plan_of_consumed(path: &Path) -> stasis_node_api::Plan {
+    let mut c = path.as_os_str().to_owned();
+    c.push(".consumed");
+    plan_of(Path::new(&c))
 }

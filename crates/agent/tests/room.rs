@@ -145,3 +145,57 @@ fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
         "nothing staged"
     );
 }
+
+/// Soak finding: the disk filled after the room check, while the restore ran. A lazy restore's
+/// files are staged and allocated whole before its plan is written; what is written after (the
+/// daemon's socket and log, the restore's log, the note naming the container to the agent) is
+/// on the run directory, so a disk with no byte left still restores, and the pages still
+/// arrive (into the allocated page images).
+#[test]
+fn a_disk_filled_after_a_lazy_staging_does_not_stop_the_restore() {
+    if !ready("a_disk_filled_after_a_lazy_staging_does_not_stop_the_restore") {
+        return;
+    }
+    let mut w = World::new("room-lazy");
+    let disk = SmallDisk::mount(w.path("disk"));
+    let rt = runtime();
+    let store = Store::open(&format!("file://{}", w.path("store").display())).unwrap();
+    let exec = executor_with_images(&w, &rt, store, Key::random(), disk.0.join("images"));
+    exec.set_lazy_restore(stasis_agent::executor::LazyRestore::Auto);
+    let env = ["STATE_MB=48", "INTERVAL_MS=100"];
+
+    let b1 = pod_bundle(&w, "b1", &env, "uid-source", "counter-a");
+    let lines = w.run_piped(&b1, "c1");
+    wait_counts(&lines, 5);
+    let out = checkpoint_stopped(&exec, "c1", "counter-a", "uid-source");
+    w.runc().delete_force("c1").unwrap();
+    let before = last_count(&lines).unwrap();
+
+    let b2 = pod_bundle(&w, "b2", &env, "uid-lazy-full", "counter-b");
+    let prepared = exec
+        .prepare(&prepare_job(&out.reference, "uid-lazy-full", &b2))
+        .expect("prepare");
+    let plan = stasis_node_api::planfile::read(&prepared.plan_path)
+        .unwrap()
+        .unwrap()
+        .plan;
+    assert!(plan.lazy, "the restore is not lazy: {plan:?}");
+    // Not a byte left on the node's disk.
+    disk.fill_until("ballast", 0);
+    eprintln!("disk full: {} bytes available", disk.available());
+    assert!(disk.available() < 64 << 10);
+
+    let rx = wrapper_create_start(&mut w, &b2, "c2");
+    let first = first_count(&rx);
+    assert!(
+        first > before && first <= before + 2,
+        "first={first}, before={before}; log: {}",
+        std::fs::read_to_string(w.path("log.json")).unwrap_or_default()
+    );
+    wait_for("residency on a full disk", 120, || {
+        exec.metrics
+            .render()
+            .contains("stasis_agent_restores_total{result=\"lazy_resident\"} 1")
+    });
+    assert_full_check(&w, "c2");
+}

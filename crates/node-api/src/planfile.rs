@@ -467,6 +467,7 @@ mod tests {
                 checkpoint_ref: "default/counter/17".into(),
                 tcp_established: true,
                 lazy: false,
+                work_dir: None,
             },
             expires_at_unix_ms: Some(1_795_000_000_000),
         }

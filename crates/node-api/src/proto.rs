@@ -234,10 +234,24 @@ pub struct Plan {
     pub tcp_established: bool,
     /// The agent serves the memory lazily: `image_dir` holds every file but the page images,
     /// which hold only the pages CRIU maps itself, and a `criu lazy-pages` daemon fed by the
-    /// agent listens in `image_dir/criu` (the restore's work dir) for `runc restore
+    /// agent listens in the restore's work dir ([`Plan::lazy_work_dir`]) for `runc restore
     /// --lazy-pages`. Absent (older agents): a full restore.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lazy: bool,
+    /// A lazy plan's work dir, on the agent's run directory (not the images' disk, which may
+    /// fill after the staging): the daemon's socket and log, the restore's log and the note
+    /// naming the container to the agent. Absent (agents before it): `image_dir/criu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_dir: Option<PathBuf>,
+}
+
+impl Plan {
+    /// Where a lazy plan's restore runs (its `--work-path`): where the daemon listens.
+    pub fn lazy_work_dir(&self) -> PathBuf {
+        self.work_dir
+            .clone()
+            .unwrap_or_else(|| self.image_dir.join("criu"))
+    }
 }
 
 /// The answer to a `restore_plan` request.
@@ -354,6 +368,7 @@ mod tests {
             checkpoint_ref: "ns/p/3".into(),
             tcp_established: true,
             lazy: false,
+            work_dir: None,
         }));
         let s = serde_json::to_string(&plan).unwrap();
         assert_eq!(
@@ -458,9 +473,15 @@ mod tests {
                 rootfs_method: None,
                 checkpoint_ref: "c".into(),
                 tcp_established: false,
-                lazy: false
+                lazy: false,
+                work_dir: None,
             })
         );
+        // A lazy plan of an agent before the work dir moved to the run directory: the images'
+        // `criu/`, where that agent's daemon listens.
+        let old: Plan =
+            serde_json::from_str(r#"{"image_dir":"/i","checkpoint_ref":"c","lazy":true}"#).unwrap();
+        assert_eq!(old.lazy_work_dir(), PathBuf::from("/i/criu"));
         let e: ReportEvent =
             serde_json::from_str(r#"{"kind":"cold_start","cause":"cosmic_rays","reason":"r"}"#)
                 .unwrap();

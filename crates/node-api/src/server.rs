@@ -200,6 +200,7 @@ mod tests {
             checkpoint_ref: "default/counter/7".into(),
             tcp_established: true,
             lazy: false,
+            work_dir: None,
         }
     }
 

@@ -77,8 +77,8 @@ pub struct ImageFacts {
     /// The agent's verification stamp: `Ok(Some(checkpoint_ref))`, `Ok(None)` when absent,
     /// `Err(why)` when unreadable or untrusted.
     pub stamp: Result<Option<String>, String>,
-    /// `<image>/criu/lazy-pages.socket` exists: the agent's `criu lazy-pages` daemon listens
-    /// for a lazy plan's restore.
+    /// `lazy-pages.socket` exists in a lazy plan's work dir: the agent's `criu lazy-pages`
+    /// daemon listens for its restore.
     pub lazy_daemon: bool,
 }
 
@@ -141,8 +141,8 @@ pub fn accept(
     }
     if plan.lazy && !image.lazy_daemon {
         return Err(format!(
-            "the plan serves the memory lazily, but no lazy-pages daemon listens in {}/criu (the agent stopped serving it)",
-            plan.image_dir.display()
+            "the plan serves the memory lazily, but no lazy-pages daemon listens in {} (the agent stopped serving it)",
+            plan.lazy_work_dir().display()
         ));
     }
     if plan.rootfs_method.is_some() && !image.rootfs_diff {
@@ -171,7 +171,7 @@ pub fn accept(
 /// [--bundle B] [--pid-file P] [--console-socket S] [--no-pivot] --file-locks
 /// [--tcp-established] [--lazy-pages] <id>`. `--file-locks` matches the engine's checkpoints,
 /// which always dump with it; `--lazy-pages` (a lazy plan) leaves the memory to the agent's
-/// `criu lazy-pages` daemon, which listens in the work dir `<image>/criu`.
+/// `criu lazy-pages` daemon, which listens in the work dir (the plan's, on the run directory).
 pub fn restore_args(
     inv: &Invocation,
     c: &CreateArgs,
@@ -255,6 +255,7 @@ mod tests {
                 checkpoint_ref: "ref-1".into(),
                 tcp_established: true,
                 lazy: false,
+                work_dir: None,
             },
             expires_at_unix_ms: Some(2_000),
         }
@@ -373,6 +374,14 @@ mod tests {
         let mut f = good();
         f.lazy_daemon = true;
         assert!(accept(&pf, "cid", &app(), 1_000, &f).unwrap().lazy);
+        // Its work dir on the run directory, as the agent writes it now.
+        pf.plan.work_dir = Some("/run/stasis/lazy/u1/app".into());
+        check(
+            pf,
+            app(),
+            good(),
+            "no lazy-pages daemon listens in /run/stasis/lazy/u1/app",
+        );
     }
 
     #[test]

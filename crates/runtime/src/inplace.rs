@@ -128,6 +128,64 @@ pub fn wait_for_plan(plans_dir: &Path, pod_uid: &str, container_name: &str, now_
     waited
 }
 
+/// Waits for a lazy restore to be served again: `stale`, the plan file `create` found, names a
+/// `criu lazy-pages` daemon that is gone (`listens` says no). That happens when the agent that
+/// served it died after preparing it (its watchdog removes the socket): the agent that starts
+/// next withdraws such a plan, leaves a pending note and prepares the restore again
+/// (docs/design.md §12.5c). So `create` waits, up to [`MAX_PREPARE_WAIT_MS`], for a newer plan
+/// file whose daemon listens (or a full one), instead of starting a container cold whose
+/// checkpoint is fetched and verified on this node. The agent's failure note ends the wait;
+/// the stale plan file is left for the agent to withdraw.
+pub fn wait_for_served_again(
+    plans_dir: &Path,
+    pod_uid: &str,
+    container_name: &str,
+    listens: impl Fn(&stasis_node_api::Plan) -> bool,
+) -> Waited {
+    let (Some(plan_path), Some(failed_path)) = (
+        planfile::path_for_pod(plans_dir, pod_uid, container_name),
+        planfile::path_for_failed(plans_dir, pod_uid, container_name),
+    ) else {
+        return Waited::NotPending;
+    };
+    let started = Instant::now();
+    let bound = Duration::from_millis(MAX_PREPARE_WAIT_MS);
+    loop {
+        // A plan whose daemon listens: the agent withdraws the stale plan before it stages the
+        // restore again, so a plan found with its daemon listening is the new one. (Not told
+        // apart by its inode: the withdrawn file's is free for the new one.)
+        if plan_path.exists() {
+            match planfile::read(&plan_path) {
+                Ok(Some(plan)) if !plan.plan.lazy || listens(&plan.plan) => {
+                    clear_pending(plans_dir, pod_uid, container_name);
+                    return Waited::Plan {
+                        plan,
+                        file: plan_path,
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Waited::Unusable {
+                        reason: format!("unusable plan file: {e}"),
+                    }
+                }
+            }
+        }
+        if let Ok(Some(f)) = planfile::read_failed(&failed_path) {
+            let _ = std::fs::remove_file(&failed_path);
+            clear_pending(plans_dir, pod_uid, container_name);
+            return Waited::Failed(f);
+        }
+        if started.elapsed() >= bound {
+            return Waited::TimedOut {
+                checkpoint_ref: String::new(),
+                waited_ms: started.elapsed().as_millis() as u64,
+            };
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +203,7 @@ mod tests {
                 checkpoint_ref: "l/1".into(),
                 tcp_established: false,
                 lazy: false,
+                work_dir: None,
             },
             expires_at_unix_ms: None,
         }
@@ -152,6 +211,68 @@ mod tests {
 
     fn now() -> u64 {
         stasis_core::time::now_ms()
+    }
+
+    /// A lazy plan whose daemon died with its agent: `create` waits for the next agent's plan
+    /// (written after it withdrew the stale one), not for the stale one, and takes it once its
+    /// daemon listens.
+    #[test]
+    fn a_lazy_plan_whose_daemon_died_is_waited_for_until_served_again() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("plans");
+        let path = dir.join("pod_u1_app.json");
+        let mut stale = plan_file();
+        stale.plan.lazy = true;
+        stale.plan.work_dir = Some("/run/stasis/lazy/u1/app".into());
+        planfile::write(&path, &stale).unwrap();
+        let mut fresh = stale.clone();
+        fresh.plan.checkpoint_ref = "l/1-again".into();
+        let next_agent = {
+            let (dir, path, fresh) = (dir.clone(), path.clone(), fresh.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                // Withdrawn with a pending note, then prepared again.
+                std::fs::remove_file(&path).unwrap();
+                record_pending(&dir, "u1", "app", "l/1", 60_000, now()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                planfile::write(&path, &fresh).unwrap();
+            })
+        };
+        let started = Instant::now();
+        // Only the fresh plan's daemon listens.
+        let waited = wait_for_served_again(&dir, "u1", "app", |p| p.checkpoint_ref == "l/1-again");
+        next_agent.join().unwrap();
+        match waited {
+            Waited::Plan { plan, file } => {
+                assert_eq!(plan, fresh);
+                assert_eq!(file, path);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() >= Duration::from_millis(190));
+        assert!(!dir.join("pod_u1_app.pending").exists(), "the note stays");
+
+        // A plan file written again still without its daemon does not end the wait; the
+        // agent's failure note does.
+        let failer = {
+            let (dir, path, stale) = (dir.clone(), path.clone(), stale.clone());
+            std::thread::spawn(move || {
+                planfile::write(&path, &stale).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                planfile::write_failed(
+                    &dir.join("pod_u1_app.failed"),
+                    &Failed {
+                        v: PROTOCOL_VERSION,
+                        checkpoint_ref: "l/1".into(),
+                        reason: "the chunk cache could not give it".into(),
+                    },
+                )
+                .unwrap();
+            })
+        };
+        let waited = wait_for_served_again(&dir, "u1", "app", |_| false);
+        failer.join().unwrap();
+        assert!(matches!(waited, Waited::Failed(f) if f.reason.contains("chunk cache")));
     }
 
     #[test]

@@ -113,6 +113,7 @@ impl Fake {
                     checkpoint_ref: checkpoint_ref.into(),
                     tcp_established: true,
                     lazy: false,
+                    work_dir: None,
                 },
                 expires_at_unix_ms: None,
             },

@@ -144,6 +144,7 @@ fn a_pod_restores_every_container_from_one_checkpoint_and_skips_its_init_contain
                     checkpoint_ref: CKPT.into(),
                     tcp_established: true,
                     lazy: false,
+                    work_dir: None,
                 },
                 expires_at_unix_ms: None,
             },

@@ -87,6 +87,7 @@ fn pod_shaped_restore_overlay_rootfs_joined_netns_per_pod_plan() {
                 checkpoint_ref: "default/counter/a/1".into(),
                 tcp_established: true,
                 lazy: false,
+                work_dir: None,
             },
             expires_at_unix_ms: None,
         },

@@ -279,15 +279,22 @@ impl Executor {
             rootfs,
         } = part;
         let image_dir = self.pod_images(&job.pod_uid).join(&name);
+        let work = self.lazy_work_dir(&job.pod_uid, &name);
         self.lazy.cancel(
             &job.pod_uid,
             &name,
             "a newer restore of the container replaced it",
         );
-        if image_dir.exists() {
-            std::fs::remove_dir_all(&image_dir).map_err(AgentError::io(&image_dir))?;
+        for d in [&image_dir, &work] {
+            if d.exists() {
+                std::fs::remove_dir_all(d).map_err(AgentError::io(d))?;
+            }
         }
         private_dir(&image_dir)?;
+        if let Err(e) = private_dir(&work) {
+            let _ = std::fs::remove_dir_all(&image_dir);
+            return Err(e);
+        }
         let t = Instant::now();
         let lease = self.rt.block_on(self.store.lease_for_reading(manifest))?;
         let source = {
@@ -300,17 +307,17 @@ impl Executor {
         };
         let served = lazy::serve_lazy(
             &image_dir,
+            &work,
             source,
             LazyOptions::default(),
-            KillTarget::Announced {
-                dir: image_dir.clone(),
-            },
+            KillTarget::Announced { dir: work.clone() },
         );
         let server = match served {
             Ok(s) => s,
             Err(e) => {
                 self.rt.block_on(self.store.release(lease));
                 let _ = std::fs::remove_dir_all(&image_dir);
+                let _ = std::fs::remove_dir_all(&work);
                 return Err(e.into());
             }
         };
@@ -339,7 +346,7 @@ impl Executor {
             self.lazy.on_failure.clone(),
             self.lazy.failed_before_run.clone(),
         );
-        let (dir, reference) = (image_dir.clone(), checkpoint_ref.clone());
+        let (dir, work_dir, reference) = (image_dir.clone(), work.clone(), checkpoint_ref.clone());
         let waiter = move || {
             let r = server.wait_resident();
             rt.block_on(store.release(lease));
@@ -351,7 +358,7 @@ impl Executor {
                 }
                 mine
             };
-            let announced = lazy::announced(&dir);
+            let announced = lazy::announced(&work_dir);
             match r {
                 Ok(rep) => {
                     metrics.restore("lazy_resident");
@@ -386,9 +393,10 @@ impl Executor {
                     }
                 }
             }
-            // A newer restore of the container owns the directory now.
+            // A newer restore of the container owns the directories now.
             if current {
                 let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_dir_all(&work_dir);
             }
         };
         if let Err(e) = std::thread::Builder::new()
@@ -409,11 +417,20 @@ impl Executor {
                 checkpoint_ref,
                 tcp_established: prepare::restores_established_tcp(manifest),
                 lazy: true,
+                work_dir: Some(work),
             },
             container_name: name,
             fetch_ms,
             bytes,
         })
+    }
+
+    /// Where a lazy restore of a pod's container runs (its daemon's socket, the logs, the note
+    /// naming the container): `<run dir>/lazy/<pod-uid>/<container>`, beside the plans on the
+    /// run directory (a tmpfs on a node), never on the images' disk: a disk that fills once
+    /// the files are staged must not fail the restore.
+    pub(super) fn lazy_work_dir(&self, pod_uid: &str, container_name: &str) -> PathBuf {
+        self.cfg.lazy_dir().join(pod_uid).join(container_name)
     }
 
     /// Whether a container's images are still in use by a lazy restore whose container runs
@@ -423,8 +440,9 @@ impl Executor {
         if !self.lazy.serves(pod_uid, container_name) {
             return false;
         }
-        let dir = self.pod_images(pod_uid).join(container_name);
-        if lazy::announced(&dir).and_then(|a| a.outcome) == Some(true) {
+        if lazy::announced(&self.lazy_work_dir(pod_uid, container_name)).and_then(|a| a.outcome)
+            == Some(true)
+        {
             return true;
         }
         self.lazy.cancel(
@@ -558,6 +576,7 @@ mod tests {
                 checkpoint_ref: format!("l/{uid}"),
                 tcp_established: true,
                 lazy,
+                work_dir: None,
             },
             expires_at_unix_ms: Some(now_ms() + 60_000),
         };

@@ -71,6 +71,16 @@ pub struct ExecutorConfig {
     pub keep_latest: bool,
 }
 
+impl ExecutorConfig {
+    /// The work dirs of lazy restores (`/run/stasis/lazy`): beside the plans, on the run
+    /// directory that the wrapper shares (a tmpfs on a node), not on the images' disk.
+    pub fn lazy_dir(&self) -> PathBuf {
+        self.plans_dir
+            .parent()
+            .map_or_else(|| self.plans_dir.join("lazy"), |p| p.join("lazy"))
+    }
+}
+
 /// What to checkpoint: every container of a pod at one instant (its app containers and native
 /// sidecars), unless a container name narrows it to one.
 #[derive(Debug, Clone, PartialEq, Eq)]

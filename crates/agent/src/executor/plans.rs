@@ -109,6 +109,9 @@ impl Executor {
             let d = self.pod_images(pod_uid);
             let _ = std::fs::remove_dir_all(d.join(container_name));
             let _ = std::fs::remove_dir(d);
+            let w = self.cfg.lazy_dir().join(pod_uid);
+            let _ = std::fs::remove_dir_all(w.join(container_name));
+            let _ = std::fs::remove_dir(w);
         }
     }
 
@@ -126,6 +129,13 @@ impl Executor {
                         .is_some_and(|uid| !live_pod_uids.contains(uid));
                 if stale {
                     let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(self.cfg.lazy_dir()) {
+            for e in rd.flatten() {
+                if !live_pod_uids.contains(e.file_name().to_string_lossy().as_ref()) {
+                    let _ = std::fs::remove_dir_all(e.path());
                 }
             }
         }
@@ -197,6 +207,7 @@ mod tests {
                 checkpoint_ref: "l/1".into(),
                 tcp_established: true,
                 lazy: false,
+                work_dir: None,
             },
             expires_at_unix_ms: Some(expires),
         };

@@ -206,6 +206,7 @@ impl Executor {
                     checkpoint_ref: checkpoint_ref.clone(),
                     tcp_established: tcp,
                     lazy: false,
+                    work_dir: None,
                 },
                 container_name: name,
                 fetch_ms,

@@ -115,6 +115,7 @@ pub fn restore_container_lazy(
     let restore_finished = Arc::new(AtomicBool::new(false));
     let server = serve_lazy(
         &req.image.root,
+        &req.image.criu(),
         source,
         opts,
         KillTarget::Container {

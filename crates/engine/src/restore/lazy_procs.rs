@@ -17,10 +17,11 @@ use crate::error::EngineError;
 use crate::runc::Runc;
 use crate::tools;
 
-/// Starts `criu lazy-pages` on `criu_dir` with its page server on `sock`, and waits until it
-/// listens for the restore.
+/// Starts `criu lazy-pages` on the images in `criu_dir` with its page server on `sock`, and
+/// waits until it listens for the restore on `lazy-pages.socket` in `work`.
 pub(super) fn start_daemon(
     criu_dir: &Path,
+    work: &Path,
     log: &Path,
     sock: UnixStream,
 ) -> Result<Child, EngineError> {
@@ -33,7 +34,7 @@ pub(super) fn start_daemon(
         .arg("-D")
         .arg(criu_dir)
         .arg("-W")
-        .arg(criu_dir)
+        .arg(work)
         .args(["--page-server", "--ps-socket"])
         .arg(sock_fd.as_raw_fd().to_string())
         .arg("--status-fd")
@@ -85,9 +86,9 @@ pub enum KillTarget {
         /// `runc restore` has returned.
         restore_finished: Arc<AtomicBool>,
     },
-    /// A container another process restores from the image dir `dir` (`stasis-runc create`
-    /// on a plan the agent serves): it announces the container before its `runc restore` and
-    /// the outcome after it ([`announce`], [`announce_outcome`]).
+    /// A container another process restores with the work dir `dir` (`stasis-runc create` on
+    /// a plan the agent serves; the daemon listens there): it announces the container there
+    /// before its `runc restore` and the outcome after it ([`announce`], [`announce_outcome`]).
     Announced { dir: PathBuf },
 }
 
@@ -181,12 +182,12 @@ impl Killer {
     }
 }
 
-/// The file in a lazily restored image dir that names the container restored from it.
+/// The file in a lazy restore's work dir that names the container restored from it.
 const TARGET_FILE: &str = ".lazy-target";
 /// The file that says how its `runc restore` ended (`restored` or `failed`).
 const OUTCOME_FILE: &str = ".lazy-outcome";
 
-/// A container restored from a lazily served image dir by another process.
+/// A container restored lazily by another process (announced in the work dir).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announcement {
     /// The runc that restores it, and its root.
@@ -199,8 +200,8 @@ pub struct Announcement {
     pub outcome: Option<bool>,
 }
 
-/// Names the container about to be restored from `dir` (before `runc restore` starts), so that
-/// the page server can end it if its memory cannot arrive. One line per field (the watchdog
+/// Names the container about to be restored with the work dir `dir` (before `runc restore`
+/// starts), so that the page server can end it if its memory cannot arrive. One line per field (the watchdog
 /// reads it with `sh`): runc, root, id, pid.
 pub fn announce(dir: &Path, runc: &Runc, id: &str, pid: i32) -> std::io::Result<()> {
     let fields = [
@@ -304,7 +305,7 @@ impl Watchdog {
         sock: &UnixStream,
         daemon: i32,
     ) -> Result<Self, EngineError> {
-        // The container to kill: known now, or announced in the image dir by the process that
+        // The container to kill: known now, or announced in the work dir by the process that
         // restores it, then only once its `runc restore` has ended `restored` (the watchdog
         // waits for that outcome while the restoring process lives). Then the daemon, which
         // would otherwise wait forever for a restore or for its page server: once the
@@ -321,7 +322,7 @@ impl Watchdog {
                 ],
             ),
             KillTarget::Announced { dir } => (
-                "read x; [ \"$x\" = done ] && exit 0; rm -f \"$0/criu/lazy-pages.socket\"; \
+                "read x; [ \"$x\" = done ] && exit 0; rm -f \"$0/lazy-pages.socket\"; \
                  if [ -f \"$0/.lazy-target\" ]; then \
                    while [ ! -f \"$0/.lazy-outcome\" ] && kill -0 \"$(sed -n 4p \"$0/.lazy-target\")\" 2>/dev/null; do sleep 0.1; done; \
                    if [ \"$(cat \"$0/.lazy-outcome\" 2>/dev/null)\" = restored ]; then \

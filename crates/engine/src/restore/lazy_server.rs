@@ -22,8 +22,8 @@ use super::{no_userfaultfd, refused, xfer, ChunkSource, LazyOptions, LazyReport}
 use crate::error::EngineError;
 
 /// A lazy restore's image dir staged and its pages served: `criu lazy-pages` listens on
-/// `lazy-pages.socket` in the dir's `criu/` (the restore's work dir), this page server answers
-/// it, and the background fetch fills the page images.
+/// `lazy-pages.socket` in the restore's work dir, this page server answers it, and the
+/// background fetch fills the page images.
 pub struct LazyServer {
     started: Instant,
     staged_bytes: u64,
@@ -60,9 +60,15 @@ impl LazyCancel {
 /// removes afterwards: every file but the page images whole, the page images as sparse files
 /// holding only their eager pages), starts `criu lazy-pages` on `root/criu` with this process's
 /// page server, and starts the background fetch of the other chunks. Returns once a
-/// `runc restore --lazy-pages --image-path root/criu --work-path root/criu` can run.
+/// `runc restore --lazy-pages --image-path root/criu --work-path <work>` can run.
+///
+/// `work` (an existing directory the caller owns) takes what is written after the staging: the
+/// daemon's socket and log, and the restore's own log and its announcement
+/// ([`super::announce`]). The node agent puts it on its run directory, not beside the images:
+/// a disk that fills after the staging must not fail a restore whose files are all in place.
 pub fn serve_lazy(
     root: &Path,
+    work: &Path,
     source: Arc<dyn ChunkSource>,
     opts: LazyOptions,
     target: KillTarget,
@@ -110,9 +116,8 @@ pub fn serve_lazy(
     // A 4 MiB answer (the daemon's background requests) in one write rather than in many
     // wakeups of both sides; the kernel caps it at net.core.wmem_max.
     let _ = nix::sys::socket::setsockopt(&ours, nix::sys::socket::sockopt::SndBuf, &(8 << 20));
-    let criu_dir = root.join("criu");
-    let log = criu_dir.join("lazy-pages.log");
-    let daemon = start_daemon(&criu_dir, &log, theirs)?;
+    let log = work.join("lazy-pages.log");
+    let daemon = start_daemon(&root.join("criu"), work, &log, theirs)?;
     let watchdog = Watchdog::start(&target, &ours, daemon.id() as i32)?;
     let server = {
         let (files, maps) = (files.clone(), maps);

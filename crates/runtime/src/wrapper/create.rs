@@ -141,6 +141,20 @@ impl Ctx {
         self.skip_if_noted(id, &bundle_dir, &kind);
         let deadline = Instant::now() + self.cfg.plan_timeout;
         let (pf, file) = match self.lookup_plan(id, &kind, deadline) {
+            Lookup::Found {
+                plan,
+                file: Some(file),
+            } if plan.plan.lazy
+                && !lazy_daemon_listens(&plan.plan)
+                && planfile::path_for_pod(
+                    &self.cfg.plans_dir(),
+                    &pod_of(&kind).pod_uid,
+                    &pod_of(&kind).container_name,
+                )
+                .is_some_and(|p| p == file) =>
+            {
+                self.served_again(id, &kind, &plan, &file)
+            }
             Lookup::Found { plan, file } => (plan, file),
             Lookup::Missing {
                 cause,
@@ -167,7 +181,7 @@ impl Ctx {
             stamp: planfile::read_verified_stamp(img)
                 .map(|s| s.map(|s| s.checkpoint_ref))
                 .map_err(|e| e.to_string()),
-            lazy_daemon: img.join("criu/lazy-pages.socket").exists(),
+            lazy_daemon: lazy_daemon_listens(&pf.plan),
         };
         let verdict = decide::accept(&pf, id, &kind, now_ms(), &facts);
         // A plan is used once, accepted or not: no restore loops.
@@ -190,6 +204,64 @@ impl Ctx {
                 id,
                 &kind,
                 Cold::doubt(ColdStartCause::PlanRefused, reason, ckpt),
+            ),
+        }
+    }
+
+    /// A lazy plan whose `criu lazy-pages` daemon is gone: its agent died after preparing it.
+    /// The next agent prepares it again (`inplace::wait_for_served_again`): the new plan, or the
+    /// cold start with the reason when none comes.
+    fn served_again(
+        &self,
+        id: &str,
+        kind: &ContainerKind,
+        stale: &PlanFile,
+        file: &Path,
+    ) -> (PlanFile, Option<PathBuf>) {
+        let pod = pod_of(kind);
+        let ckpt = stale.plan.checkpoint_ref.clone();
+        self.log(
+            Level::Info,
+            &format!(
+                "the agent that served the memory of {ckpt} lazily is gone: waiting for the next agent to serve it again"
+            ),
+        );
+        let cold = |cause, reason: String, skip_report| -> ! {
+            // Used once, as any plan: a later create of the container does not wait again.
+            let _ = planfile::consume(file);
+            self.cold(
+                id,
+                kind,
+                Cold {
+                    cause,
+                    reason,
+                    checkpoint_ref: Some(ckpt.clone()),
+                    skip_report,
+                    expected: false,
+                },
+            )
+        };
+        match inplace::wait_for_served_again(
+            &self.cfg.plans_dir(),
+            &pod.pod_uid,
+            &pod.container_name,
+            lazy_daemon_listens,
+        ) {
+            Waited::Plan { plan, file } => (plan, Some(file)),
+            Waited::Unusable { reason } => cold(ColdStartCause::PlanRefused, reason, false),
+            // The agent said why with its own Event.
+            Waited::Failed(f) => cold(
+                ColdStartCause::RestoreFailed,
+                format!("{ckpt} could not be served again: {}", f.reason),
+                true,
+            ),
+            Waited::NotPending | Waited::TimedOut { .. } => cold(
+                ColdStartCause::PlanRefused,
+                format!(
+                    "the agent that served the memory of {ckpt} lazily stopped, and no agent served it again within {} s",
+                    stasis_node_api::MAX_PREPARE_WAIT_MS / 1000
+                ),
+                false,
             ),
         }
     }
@@ -281,10 +353,10 @@ impl Ctx {
                 );
             }
         }
-        // A lazy plan's work dir is where the agent's `criu lazy-pages` listens (the images'
-        // `criu/`, as `stasis restore --lazy` has it); otherwise one of the wrapper's own.
+        // A lazy plan's work dir is where the agent's `criu lazy-pages` listens (on the run
+        // directory, as the plan says); otherwise one of the wrapper's own.
         let work = match plan.lazy {
-            true => plan.image_dir.join("criu"),
+            true => plan.lazy_work_dir(),
             false => self.cfg.work_dir().join(id),
         };
         if !plan.lazy {
@@ -331,7 +403,7 @@ impl Ctx {
         if let Some(conf) = &conf {
             runc.env(stasis_engine::sockets::CRIU_CONFIG_ENV, &conf.path);
         }
-        let lazy = plan.lazy.then_some(plan.image_dir.as_path());
+        let lazy = plan.lazy.then_some(work.as_path());
         if let Some(dir) = lazy {
             // The agent's page server ends this container if its memory cannot arrive: it
             // must know which one, and whether `runc restore` still runs.
@@ -515,4 +587,10 @@ impl Ctx {
         std::fs::write(&tmp, serde_json::to_vec(&m)?)?;
         std::fs::rename(&tmp, dir.join(id))
     }
+}
+
+/// Whether the agent's `criu lazy-pages` daemon listens for a lazy plan's restore (its socket is
+/// in the plan's work dir; the agent's watchdog removes it when the agent dies).
+fn lazy_daemon_listens(plan: &stasis_node_api::Plan) -> bool {
+    plan.lazy_work_dir().join("lazy-pages.socket").exists()
 }
