@@ -45,6 +45,9 @@ pub struct PodInfo {
     /// Its containers by its spec (checkpointed and restored together; init containers skipped
     /// on a restore). Default: not known.
     pub layout: PodLayout,
+    /// Whether a policy selecting it has `holdUntilEvicted`: the eviction responder's final
+    /// checkpoint keeps it frozen until its stop.
+    pub hold_until_evicted: bool,
 }
 
 /// Why no termination checkpoint is wanted for a pod (the `skipped` answer's reason).
@@ -187,6 +190,8 @@ impl Cluster for Standalone {
             restarts_in_place: true,
             clean_exit_finishes: false,
             layout: PodLayout::default(),
+            // (no policies: the request alone decides)
+            hold_until_evicted: true,
         })
     }
     fn stamp(&self, pod: &PodKey) -> std::result::Result<Stamp, String> {
@@ -454,7 +459,7 @@ impl Agent {
         let end_with_kill = info.clean_exit_finishes;
         // The pod's termination checkpoint of a moment ago holds this container too (the kubelet
         // stops a pod's containers one by one; the first stop checkpoints them all).
-        if let Some(checkpoint_ref) = self.exec.final_covering(&pod.pod_uid, &c.id) {
+        if let Some(checkpoint_ref) = self.exec.stop_covered(&pod.pod_uid, &c.id) {
             info!(container = %req.container_id, %checkpoint_ref, "held by the pod's final checkpoint");
             return ResponseBody::Done {
                 checkpoint_ref,
@@ -484,6 +489,7 @@ impl Agent {
             deadline: Some(deadline),
             on_captured: req.answer_when_captured.then_some(captured_tx),
             expected: info.layout.members.clone(),
+            hold_until_stopped: req.hold_until_stopped && info.hold_until_evicted,
         };
         let (tx, rx) = mpsc::channel();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
@@ -506,7 +512,7 @@ impl Agent {
                 };
                 // The checkpoint waited for may have been this pod's final one, taken for another
                 // of its containers stopping at the same time: it holds this one too.
-                if let Some(reference) = exec.final_covering(&uid, &container_id) {
+                if let Some(reference) = exec.stop_covered(&uid, &container_id) {
                     let _ = tx.send(Ok(FinalEnd::Published(reference, 0)));
                     return;
                 }

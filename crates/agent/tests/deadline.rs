@@ -108,6 +108,7 @@ fn final_checkpoint(
         pod: PodRef::default(),
         deadline_ms,
         answer_when_captured,
+        hold_until_stopped: false,
     });
     (answer, t.elapsed())
 }
@@ -149,6 +150,7 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
         deadline: None,
         on_captured: None,
         expected: Vec::new(),
+        hold_until_stopped: false,
     };
     let heartbeat = agent.checkpoint(&job).expect("heartbeat");
     eprintln!(

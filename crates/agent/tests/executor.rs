@@ -58,6 +58,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
             pod: PodRef::default(),
             deadline_ms: 30_000,
             answer_when_captured: false,
+            hold_until_stopped: false,
         })
         .expect("final_checkpoint");
     let took = t.elapsed();
@@ -283,6 +284,7 @@ fn stasisd_rss_idle_and_while_checkpointing() {
             pod: PodRef::default(),
             deadline_ms: 300_000,
             answer_when_captured: false,
+            hold_until_stopped: false,
         })
         .expect("final_checkpoint");
     let took = t.elapsed();

@@ -89,6 +89,7 @@ fn oom_restart_in_place_through_the_chunk_cache_keeps_no_image_on_the_node() {
             pod: pod.clone(),
             deadline_ms: 30_000,
             answer_when_captured: false,
+            hold_until_stopped: false,
         })
         .expect("checkpoint");
     let CheckpointAnswer::Done { checkpoint_ref, .. } = answer else {
@@ -225,6 +226,7 @@ fn a_restore_lost_before_its_container_started_restores_again_on_the_next_create
             pod: source.clone(),
             deadline_ms: 30_000,
             answer_when_captured: false,
+            hold_until_stopped: false,
         })
         .expect("checkpoint");
     let CheckpointAnswer::Done { checkpoint_ref, .. } = answer else {

@@ -48,6 +48,7 @@ fn final_checkpoint(sock: &std::path::Path, id: &str) -> String {
             pod: PodRef::default(),
             deadline_ms: 30_000,
             answer_when_captured: false,
+            hold_until_stopped: false,
         })
         .expect("final_checkpoint");
     match answer {

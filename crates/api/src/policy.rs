@@ -66,6 +66,14 @@ pub struct CheckpointPolicySpec {
     #[serde(default)]
     pub restore_on_crash: bool,
 
+    /// After the final checkpoint an EvictionRequest asks stasis for, keep the pod frozen from
+    /// its capture until the eviction stops it (at most 60 s, then it runs on), so that it does
+    /// no work its replacement will do again. Off by default: a pod that serves stops answering
+    /// from the capture (and during the upload) until it is evicted. Pods with CUDA processes
+    /// are not held.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold_until_evicted: bool,
+
     /// Largest share of the liveness probe's budget
     /// (`periodSeconds * failureThreshold - timeoutSeconds`) a heartbeat freeze may take; a
     /// checkpoint expected to freeze longer is skipped with an Event. Default 0.5.

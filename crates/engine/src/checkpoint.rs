@@ -17,7 +17,7 @@ use crate::runc::Runc;
 use crate::sockets::{self, CriuConf, SocketRecord};
 use crate::tools;
 
-pub use crate::pod::{checkpoint_pod, PodCheckpoint, PodMember};
+pub use crate::pod::{checkpoint_pod, checkpoint_pod_holding, Held, PodCheckpoint, PodMember};
 
 /// Bundle annotations that carry the digest of the image a rootfs was made from.
 pub const IMAGE_DIGEST_ANNOTATIONS: &[&str] =

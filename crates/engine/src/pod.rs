@@ -62,6 +62,53 @@ struct Ready<'a> {
 /// Checkpoints every member at one instant (module docs); the captures come back in the
 /// members' order. Leave-running resumes them all; stop mode leaves them stopped.
 pub fn checkpoint_pod(req: &PodCheckpoint<'_>) -> Result<Vec<Captured>, EngineError> {
+    checkpoint_pod_inner(req, false).map(|(captured, _)| captured)
+}
+
+/// [`checkpoint_pod`] in leave-running mode, the members left frozen after the capture: the
+/// [`Held`] resumes them when released or dropped, and its watchdogs resume them if this
+/// process dies. `None` when they could not be held and were resumed at once: members with
+/// CUDA processes (the driver needs them running to restore their device memory), or members
+/// someone else had paused.
+pub fn checkpoint_pod_holding(
+    req: &PodCheckpoint<'_>,
+) -> Result<(Vec<Captured>, Option<Held>), EngineError> {
+    checkpoint_pod_inner(req, true)
+}
+
+/// Members of a pod checkpoint kept frozen after their capture ([`checkpoint_pod_holding`]).
+pub struct Held {
+    guards: Vec<ThawGuard>,
+}
+
+impl Held {
+    /// The containers held.
+    pub fn ids(&self) -> Vec<String> {
+        self.guards.iter().map(|g| g.id.clone()).collect()
+    }
+
+    /// Resumes every member; the first error after all were tried.
+    pub fn release(self) -> Result<(), EngineError> {
+        let mut first_err = None;
+        for mut g in self.guards {
+            if let Err(e) = g.release() {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("ids", &self.ids()).finish()
+    }
+}
+
+fn checkpoint_pod_inner(
+    req: &PodCheckpoint<'_>,
+    hold: bool,
+) -> Result<(Vec<Captured>, Option<Held>), EngineError> {
     if req.members.is_empty() {
         return Err(EngineError::CheckpointRefused {
             id: String::new(),
@@ -94,21 +141,32 @@ pub fn checkpoint_pod(req: &PodCheckpoint<'_>) -> Result<Vec<Captured>, EngineEr
         }
         guards.push(ThawGuard::arm(req.runc, r.member.id, !was_paused));
     }
+    // Held only when this checkpoint paused every member and none has CUDA processes.
+    let hold = hold
+        && req.leave_running
+        && guards.iter().all(|g| g.armed)
+        && ready.iter().all(|r| r.gpu.is_none());
 
     let mut captured = Vec::with_capacity(ready.len());
     for (r, guard) in ready.iter().zip(guards.iter_mut()) {
         captured.push(capture(req, r, guard)?);
     }
     // Every member is captured: resume them all (each guard resumes its own; the first error is
-    // returned after all were tried, so one failure never leaves another frozen).
+    // returned after all were tried, so one failure never leaves another frozen), unless they
+    // are held.
     let mut first_err = None;
-    for mut g in guards {
-        if req.leave_running {
-            if let Err(e) = g.release() {
-                first_err.get_or_insert(e);
+    let mut held = None;
+    if hold {
+        held = Some(Held { guards });
+    } else {
+        for mut g in guards {
+            if req.leave_running {
+                if let Err(e) = g.release() {
+                    first_err.get_or_insert(e);
+                }
+            } else {
+                g.disarm();
             }
-        } else {
-            g.disarm();
         }
     }
     let frozen_window = ms(freeze);
@@ -151,7 +209,7 @@ pub fn checkpoint_pod(req: &PodCheckpoint<'_>) -> Result<Vec<Captured>, EngineEr
             gpu_report,
         });
     }
-    Ok(out)
+    Ok((out, held))
 }
 
 /// Everything before the freeze: the container's state, what CRIU cannot dump, CRIU's options,
@@ -232,7 +290,7 @@ type Capture = (stasis_core::manifest::RootfsCapture, SocketRecord, u64, u64);
 fn capture(
     req: &PodCheckpoint<'_>,
     r: &Ready<'_>,
-    guard: &mut ThawGuard<'_>,
+    guard: &mut ThawGuard,
 ) -> Result<Capture, EngineError> {
     let (id, image) = (r.member.id, r.member.image);
     let t = Instant::now();
@@ -283,9 +341,9 @@ fn ms(since: Instant) -> u64 {
 /// pipe: `wait <pid>` names the `runc checkpoint` process to let finish first (resuming in the
 /// middle of a dump would be undone by CRIU restoring the freezer state), `done` means
 /// the checkpoint ended normally. End of file without `done` means this process died.
-struct ThawGuard<'a> {
-    runc: &'a Runc,
-    id: &'a str,
+struct ThawGuard {
+    runc: Runc,
+    id: String,
     armed: bool,
     watchdog: Option<(Child, ChildStdin)>,
 }
@@ -303,8 +361,8 @@ fi
 exec "$0" --root "$1" resume "$2"
 "#;
 
-impl<'a> ThawGuard<'a> {
-    fn arm(runc: &'a Runc, id: &'a str, armed: bool) -> Self {
+impl ThawGuard {
+    fn arm(runc: &Runc, id: &str, armed: bool) -> Self {
         let watchdog = armed
             .then(|| {
                 use std::os::unix::process::CommandExt;
@@ -326,8 +384,8 @@ impl<'a> ThawGuard<'a> {
             })
             .flatten();
         Self {
-            runc,
-            id,
+            runc: runc.clone(),
+            id: id.to_owned(),
             armed,
             watchdog,
         }
@@ -342,7 +400,7 @@ impl<'a> ThawGuard<'a> {
     /// Resumes now; errors if the container could not be resumed.
     fn release(&mut self) -> Result<(), EngineError> {
         let res = if self.armed {
-            resume(self.runc, self.id)
+            resume(&self.runc, &self.id)
         } else {
             Ok(())
         };
@@ -361,11 +419,11 @@ impl<'a> ThawGuard<'a> {
     }
 }
 
-impl Drop for ThawGuard<'_> {
+impl Drop for ThawGuard {
     fn drop(&mut self) {
         if self.armed {
-            if let Err(e) = resume(self.runc, self.id) {
-                warn!(container = self.id, error = %e, "could not resume the container after a failed checkpoint");
+            if let Err(e) = resume(&self.runc, &self.id) {
+                warn!(container = %self.id, error = %e, "could not resume the container after a failed checkpoint");
             }
         }
         self.disarm();

@@ -114,6 +114,10 @@ pub struct FinalCheckpointRequest {
     /// (and doing work the checkpoint will not hold) for the length of the upload.
     #[serde(default)]
     pub answer_when_captured: bool,
+    /// Keep the pod frozen from the capture until its stop comes (the eviction responder's
+    /// request, when the pod's policy has `holdUntilEvicted`; the runtime never asks it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold_until_stopped: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -387,6 +391,7 @@ mod tests {
                 pod: pod(),
                 deadline_ms: 20_000,
                 answer_when_captured: false,
+                hold_until_stopped: false,
             }),
             RequestBody::Report(ReportRequest {
                 container_id: "c".into(),

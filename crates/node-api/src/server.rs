@@ -310,6 +310,7 @@ mod tests {
                 pod: PodRef::default(),
                 deadline_ms: 1000,
                 answer_when_captured: false,
+                hold_until_stopped: false,
             })
             .unwrap(),
             CheckpointAnswer::Done {
@@ -323,6 +324,7 @@ mod tests {
                 pod: PodRef::default(),
                 deadline_ms: 1000,
                 answer_when_captured: false,
+                hold_until_stopped: false,
             })
             .unwrap();
         assert!(job.end_with_kill(), "{job:?}");
@@ -353,6 +355,7 @@ mod tests {
                 pod: PodRef::default(),
                 deadline_ms: 200,
                 answer_when_captured: false,
+                hold_until_stopped: false,
             })
             .unwrap_err();
         let took = start.elapsed();

@@ -15,7 +15,9 @@ use stasis_core::{
     CheckpointId, Manifest, NodeFingerprint, ProcessInfo, Requirements, RootfsCapture,
     RootfsMethod, Source, Timings, SCHEMA_VERSION,
 };
-use stasis_engine::checkpoint::{checkpoint_pod, Captured, PodCheckpoint, PodMember};
+use stasis_engine::checkpoint::{
+    checkpoint_pod, checkpoint_pod_holding, Captured, PodCheckpoint, PodMember,
+};
 use stasis_engine::image::ImageDir;
 use stasis_engine::node;
 use stasis_engine::runc::Runc;
@@ -130,12 +132,23 @@ impl Executor {
             .zip(&images)
             .map(|(c, image)| PodMember { id: &c.id, image })
             .collect();
-        let captured = checkpoint_pod(&PodCheckpoint {
+        let request = PodCheckpoint {
             runc: &runc,
             members: &pod_members,
             leave_running: job.leave_running,
             tcp_established: self.cfg.tcp_established,
-        })?;
+        };
+        // Held: the containers stay frozen through the upload (every error below resumes them
+        // as `held` drops) and after it, until the stop comes.
+        let (captured, held) = if job.hold_until_stopped {
+            let (captured, held) = checkpoint_pod_holding(&request)?;
+            if held.is_none() {
+                info!(containers = ?names, "not held after the checkpoint: it has CUDA processes, or was paused by someone else");
+            }
+            (captured, held)
+        } else {
+            (checkpoint_pod(&request)?, None)
+        };
         let ids: Vec<String> = members.iter().map(|c| c.id.clone()).collect();
         info!(containers = ?names, frozen_ms = captured[0].timings.frozen_ms, "dumped");
 
@@ -268,6 +281,9 @@ impl Executor {
                 warn!(%reference, error = %e, "could not delete a fenced checkpoint's manifest");
             }
             return Err(AgentError::Fenced(why.clone()));
+        }
+        if let Some(held) = held {
+            self.hold(&pod.pod_uid, held);
         }
         Ok(CheckpointOutcome {
             reference: reference.to_string(),

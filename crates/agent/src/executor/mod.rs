@@ -17,6 +17,7 @@
 
 mod checkpoint;
 mod history;
+mod hold;
 mod kept;
 mod lazy;
 mod members;
@@ -114,7 +115,15 @@ pub struct CheckpointJob {
     /// The pod's members by its spec ([`PodLayout::members`]): a pod checkpoint is taken only
     /// when every one runs. Empty: not known.
     pub expected: Vec<String>,
+    /// Keep the pod frozen from the capture until its stop comes, at most [`HOLD_BOUND`] after
+    /// the checkpoint is published (the eviction responder's final checkpoint, when the pod's
+    /// policy has `holdUntilEvicted`): it then does no work its replacement does again.
+    pub hold_until_stopped: bool,
 }
+
+/// How long a pod is held frozen after its checkpoint is published, waiting for its stop
+/// ([`CheckpointJob::hold_until_stopped`]); then it runs on.
+pub const HOLD_BOUND: Duration = Duration::from_secs(60);
 
 /// What a checkpoint produced.
 #[derive(Debug, Clone)]
@@ -197,6 +206,8 @@ pub struct Executor {
     lazy: lazy::LazyRestores,
     /// The pod restores of several containers not yet all restored ([`Executor::member_cold`]).
     in_step: members::PodRestores,
+    /// Pods held frozen after their checkpoint until their stop ([`CheckpointJob::hold_until_stopped`]).
+    holds: hold::Holds,
 }
 
 /// A termination checkpoint's capture of a pod.
@@ -290,6 +301,7 @@ impl Executor {
             history: Default::default(),
             lazy: Default::default(),
             in_step: Default::default(),
+            holds: Default::default(),
         }
     }
 

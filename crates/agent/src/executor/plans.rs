@@ -118,6 +118,7 @@ impl Executor {
     /// Removes consumed plans, and the plans and images of pods no longer on this node.
     pub fn sweep(&self, live_pod_uids: &HashSet<String>) {
         self.cancel_lazy_gone(live_pod_uids);
+        self.release_holds_gone(live_pod_uids);
         self.members_settled(live_pod_uids);
         if let Ok(rd) = std::fs::read_dir(&self.cfg.plans_dir) {
             for e in rd.flatten() {

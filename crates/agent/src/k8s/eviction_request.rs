@@ -300,6 +300,8 @@ fn final_request(pod: &Pod) -> Result<FinalCheckpointRequest, String> {
         },
         deadline_ms: CHECKPOINT_BUDGET.as_millis() as u64,
         answer_when_captured: false,
+        // (the agent holds the pod only when its policy asks for it: `holdUntilEvicted`)
+        hold_until_stopped: true,
     })
 }
 

@@ -94,6 +94,7 @@ impl KubeCluster {
                 deadline: Some(deadline),
                 on_captured: None,
                 expected: info.layout.members.clone(),
+                hold_until_stopped: false,
             }),
         };
         self.finish_checkpoint(&ns, &name, &running, &info, &r);

@@ -58,6 +58,7 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
         restarts_in_place: restart_policy != Some("Never"),
         clean_exit_finishes: matches!(restart_policy, Some("Never" | "OnFailure")),
         layout: crate::executor::PodLayout::of(pod),
+        hold_until_evicted: selecting.iter().any(|p| p.spec.hold_until_evicted),
     }
 }
 
@@ -241,6 +242,22 @@ mod tests {
             pod_info(&p, &[policy("default", "counter", false)]).final_wanted,
             Err(FinalNotWanted::OnTerminationOff)
         );
+        // Held after the responder's checkpoint only when a selecting policy asks.
+        assert!(!pod_info(&p, &[policy("default", "counter", true)]).hold_until_evicted);
+        let mut holding = (*policy("default", "counter", true)).clone();
+        holding.spec.hold_until_evicted = true;
+        assert!(
+            pod_info(
+                &p,
+                &[
+                    policy("default", "counter", true),
+                    Arc::new(holding.clone())
+                ]
+            )
+            .hold_until_evicted
+        );
+        holding.metadata.namespace = Some("other".into());
+        assert!(!pod_info(&p, &[Arc::new(holding)]).hold_until_evicted);
 
         let bare = pod(json!({
             "metadata": {"name": "solo", "namespace": "ns1", "uid": "abcdef12-3"},

@@ -73,6 +73,7 @@ pub fn checkpoint_stopped(
             deadline: None,
             on_captured: None,
             expected: Vec::new(),
+            hold_until_stopped: false,
         },
         &|| Verdict::NoRecord,
     )

@@ -55,6 +55,7 @@ impl Ctx {
                     pod: pod_of(&kind),
                     deadline_ms,
                     answer_when_captured: true,
+                    hold_until_stopped: false,
                 });
         let ms = started.elapsed().as_millis();
         let end_with_kill = answer.as_ref().is_ok_and(CheckpointAnswer::end_with_kill);

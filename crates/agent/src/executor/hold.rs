@@ -1,0 +1,147 @@
+//! Pods held frozen after their checkpoint until their stop comes (the eviction responder's
+//! final checkpoint under a policy with `holdUntilEvicted`, docs/design.md §15): a pod that runs
+//! on between its capture and its eviction does work that its replacement, restored from the
+//! capture, does again.
+//!
+//! A hold ends when the stop reaches the pod (the runtime's final-checkpoint request, answered
+//! with the capture: [`Executor::stop_covered`]), when the pod leaves the node (the sweep), or
+//! [`HOLD_BOUND`] after the checkpoint was published: the pod then runs on. If the agent dies
+//! while holding, the engine's watchdogs resume the containers at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stasis_engine::checkpoint::Held;
+use tracing::{info, warn};
+
+use super::{Executor, HOLD_BOUND};
+
+/// The pods held, by UID, each with the number of its hold (a newer hold replaces an older).
+pub(super) struct Holds {
+    held: Arc<Mutex<HashMap<String, (u64, Held)>>>,
+    next: AtomicU64,
+    /// [`HOLD_BOUND`], shorter in tests.
+    bound_ms: AtomicU64,
+}
+
+impl Default for Holds {
+    fn default() -> Self {
+        Holds {
+            held: Default::default(),
+            next: AtomicU64::new(0),
+            bound_ms: AtomicU64::new(HOLD_BOUND.as_millis() as u64),
+        }
+    }
+}
+
+impl Holds {
+    fn take(&self, pod_uid: &str, hold: Option<u64>) -> Option<Held> {
+        let mut m = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        match m.get(pod_uid) {
+            Some((n, _)) if hold.is_none_or(|h| h == *n) => m.remove(pod_uid).map(|(_, h)| h),
+            _ => None,
+        }
+    }
+}
+
+fn release(pod_uid: &str, held: Held, why: &str) {
+    let ids = held.ids();
+    match held.release() {
+        Ok(()) => {
+            info!(pod_uid, containers = ?ids, "{why}: the pod held since its checkpoint runs again")
+        }
+        Err(e) => {
+            warn!(pod_uid, containers = ?ids, error = %e, "{why}: could not resume the pod held since its checkpoint")
+        }
+    }
+}
+
+impl Executor {
+    /// Holds a pod's containers frozen after its published checkpoint, until its stop comes or
+    /// [`HOLD_BOUND`] has passed.
+    pub(super) fn hold(&self, pod_uid: &str, held: Held) {
+        let n = self.holds.next.fetch_add(1, Ordering::Relaxed);
+        let bound = Duration::from_millis(self.holds.bound_ms.load(Ordering::Relaxed));
+        info!(pod_uid, containers = ?held.ids(), bound_ms = bound.as_millis() as u64, "the pod stays frozen after its checkpoint until its stop");
+        let older = self
+            .holds
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pod_uid.to_owned(), (n, held));
+        if let Some((_, older)) = older {
+            release(pod_uid, older, "a newer checkpoint holds it");
+        }
+        let (held, uid) = (self.holds.held.clone(), pod_uid.to_owned());
+        let timer = std::thread::Builder::new()
+            .name("hold".into())
+            .spawn(move || {
+                std::thread::sleep(bound);
+                let mine = {
+                    let mut m = held.lock().unwrap_or_else(|e| e.into_inner());
+                    match m.get(&uid) {
+                        Some((k, _)) if *k == n => m.remove(&uid).map(|(_, h)| h),
+                        _ => None,
+                    }
+                };
+                if let Some(h) = mine {
+                    release(&uid, h, "no stop came within the hold's bound");
+                }
+            });
+        if timer.is_err() {
+            if let Some(h) = self.holds.take(pod_uid, Some(n)) {
+                release(pod_uid, h, "no thread to bound the hold");
+            }
+        }
+    }
+
+    /// How long a pod is held at most ([`HOLD_BOUND`] unless set).
+    pub fn set_hold_bound(&self, bound: Duration) {
+        self.holds
+            .bound_ms
+            .store(bound.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Ends a pod's hold, if any.
+    pub fn release_hold(&self, pod_uid: &str, why: &str) {
+        if let Some(h) = self.holds.take(pod_uid, None) {
+            release(pod_uid, h, why);
+        }
+    }
+
+    /// Whether a pod is held frozen after its checkpoint.
+    pub fn is_held(&self, pod_uid: &str) -> bool {
+        self.holds
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(pod_uid)
+    }
+
+    /// A container's stop that a termination capture of a moment ago covers
+    /// ([`Executor::final_covering`]): the capture's reference, the pod resumed first if it
+    /// was held, so that the stop reaches it.
+    pub fn stop_covered(&self, pod_uid: &str, container_id: &str) -> Option<String> {
+        let reference = self.final_covering(pod_uid, container_id)?;
+        self.release_hold(pod_uid, "its stop came");
+        Some(reference)
+    }
+
+    /// Ends the holds of pods no longer on this node.
+    pub(super) fn release_holds_gone(&self, live_pod_uids: &std::collections::HashSet<String>) {
+        let gone: Vec<String> = self
+            .holds
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .filter(|u| !live_pod_uids.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.release_hold(&uid, "its pod is no longer on this node");
+        }
+    }
+}
