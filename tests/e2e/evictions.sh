@@ -20,7 +20,8 @@
 #      (its kubelet restarted with that); stasis's own pods on the node survive it
 #   6. the EvictionRequest API (KEP-4563, alpha; scripts/cluster turns its gate on): an
 #      EvictionRequest for the counter; stasis's agent answers as the pod's eviction responder
-#      (heartbeats, then completion naming the published final checkpoint); then the imperative
+#      (heartbeats, then completion naming the published final checkpoint), the pod held frozen
+#      from the capture (the policy's holdUntilEvicted); then the imperative
 #      evictor evicts the pod through the Eviction API. Kubernetes 1.37 ships no controller that
 #      drives the API: tests/lib/evictor.sh stands in for it (and says so in the output)
 #   7. graceful node shutdown: the kubelet's shutdown manager ends the node's pods itself (no API
@@ -536,6 +537,12 @@ echo "# --- 6. the EvictionRequest API (KEP-4563): stasis answers as the pod's e
 if ! kubectl api-resources --api-group=lifecycle.k8s.io -o name 2>/dev/null | grep -q '^evictions'; then
   skip "EvictionRequest" "lifecycle.k8s.io/v1alpha1 is not served: this cluster was started without feature gate EvictionRequestAPI and --runtime-config lifecycle.k8s.io/v1alpha1=true (scripts/cluster's defaults, unless STASIS_CLUSTER_FEATURE_GATES / STASIS_CLUSTER_RUNTIME_CONFIG said otherwise); restart it with scripts/cluster down && scripts/cluster up"
 elif P=$(current) && arm 6 "$P"; then
+  # The pod is held frozen from the responder's capture until the eviction stops it (the
+  # policy's holdUntilEvicted), so that it does no work its replacement does again.
+  check "6: holdUntilEvicted set on the counter's policy" \
+    kubectl -n "$NS" patch checkpointpolicy "every-$INTERVAL-counter" --type merge -p '{"spec":{"holdUntilEvicted":true}}'
+  # (the agent sees the policy through its watch)
+  sleep 2
   check "6: the webhook named stasis.dev/checkpoint (priority 1000) among $OLD's eviction responders" \
     jq -e '.spec.evictionResponders // [] | any(.name == "stasis.dev/checkpoint" and .priority == 1000)' <<<"$(kubectl -n "$NS" get pod "$OLD" -o json)"
   t=$(date +%s.%N)
@@ -562,10 +569,14 @@ elif P=$(current) && arm 6 "$P"; then
       lost=$((c_stop - c_first + 1))
       path_ds=$(awk -v a="$t" -v r="${EVICTOR_RESPONDED_S:-0}" -v b="$(epoch "$last_ts")" 'BEGIN { d = (b - a - r) * 10; printf "%d", (d > 0 ? d : 0) + 0.5 }')
       bound=$((total_ms / 100 + path_ds + 10))
-      echo "# 6: counts lost $lost: the checkpoint took $total_ms ms ($((total_ms / 100)) counts), the eviction's path after stasis's completion $path_ds counts"
+      echo "# 6: counts lost $lost: the checkpoint took $total_ms ms ($((total_ms / 100)) counts), the eviction's path after stasis's completion $path_ds counts (held frozen through both)"
       check "6: counts lost ($lost) <= the checkpoint's own duration + the eviction's path after it, in counts, + 10 ($bound)" test "$lost" -le "$bound"
+      # Held: the old pod counted nothing after its capture but the count or two printed as
+      # the stop resumed it (its SIGTERM arrives right after).
+      check "6: held from the capture to the eviction: counts lost ($lost) <= 3" test "$lost" -le 3
     fi
   fi
+  kubectl -n "$NS" patch checkpointpolicy "every-$INTERVAL-counter" --type merge -p '{"spec":{"holdUntilEvicted":false}}' >/dev/null
 fi
 fi
 # ------------------------------------------------------------------ 7. graceful node shutdown
