@@ -44,7 +44,9 @@ check "each agent watches its node's notices" retry 60 bash -c \
 
 NS=e2e-notice
 new_ns "$NS"
-policy "$NS" hourly spot 1h
+# holdUntilEvicted: from the notice's capture the pod stays frozen until the instance stops, so
+# its replacement does nothing again
+policy "$NS" hourly spot 1h $'retention: {keepLast: 3}\n  holdUntilEvicted: true'
 counter "$NS" spot 1 64
 P1=$(wait_one_counting "$NS" spot 120) || { fail "the counter counts"; diagnose "$NS"; finish; }
 N1=$(node_of "$NS" "$P1")
@@ -59,6 +61,9 @@ check "a SpotNotice checkpoint of $P1 is created" retry 30 bash -c "[ -n \"\$(ku
 check "... and Succeeds" retry 90 bash -c "kubectl -n $NS get pckpt -o json | jq -e '[.items[] | select(.spec.reason == \"SpotNotice\" and .status.phase == \"Succeeded\")] | length == 1' >/dev/null"
 echo "# notice checkpoint: $(notice_ckpt) $(secs "$T_NOTICE") s after the notice"
 CK=$(notice_ckpt | awk '{print $1}')
+C_HELD=$(last_count "$P1"); sleep 2
+check "$P1 is held frozen after the notice's checkpoint (holdUntilEvicted: count $C_HELD, 2 s later $(last_count "$P1"))" \
+  test "$(last_count "$P1")" = "$C_HELD"
 T_CK=$(kubectl -n "$NS" get pckpt "$CK" -o jsonpath='{.status.startTime}')
 REF=$(kubectl -n "$NS" get pckpt "$CK" -o jsonpath='{.status.checkpointRef}')
 C_CKPT=$(count_before "$P1" "$T_CK")
@@ -88,6 +93,7 @@ if [ -n "$P2" ]; then
   echo "# count at the notice's checkpoint >= $C_CKPT, last count of the reclaimed pod: $C_DEAD, first count of $P2: $C_FIRST"
   check "first count ($C_FIRST) > the count at the notice's checkpoint ($C_CKPT), and not a cold start's 1" resumed "$C_FIRST" "$C_CKPT"
   check "... and <= the last count before the reclaim + 1 ($C_DEAD)" ge "$((C_DEAD + 1))" "$C_FIRST"
+  check "held until the reclaim: counts lost ($((C_DEAD - C_FIRST + 1))) <= 3" ge 3 "$((C_DEAD - C_FIRST + 1))"
   check "never state=CORRUPT" not_corrupt "$NS" "$P2"
   # the webhook steers the replacement to the nodes that pre-staged its checkpoint, by the
   # agents' own rule: a preferred node affinity (weight 100) naming them

@@ -436,6 +436,11 @@ impl Agent {
         if pod.pod_uid.is_empty() {
             return skipped("not a pod's container (no CRI annotations)");
         }
+        // The stop of a pod held frozen since its checkpoint: it runs again first, so that the
+        // stop reaches it whatever is answered (a paused container cannot take its SIGTERM).
+        if !req.hold_until_stopped {
+            self.exec.release_hold(&pod.pod_uid, "its stop came");
+        }
         let Some(info) = self.cluster.pod(&pod) else {
             return skipped("the agent does not know this pod");
         };
@@ -459,7 +464,7 @@ impl Agent {
         let end_with_kill = info.clean_exit_finishes;
         // The pod's termination checkpoint of a moment ago holds this container too (the kubelet
         // stops a pod's containers one by one; the first stop checkpoints them all).
-        if let Some(checkpoint_ref) = self.exec.stop_covered(&pod.pod_uid, &c.id) {
+        if let Some(checkpoint_ref) = self.exec.final_covering(&pod.pod_uid, &c.id) {
             info!(container = %req.container_id, %checkpoint_ref, "held by the pod's final checkpoint");
             return ResponseBody::Done {
                 checkpoint_ref,
@@ -489,7 +494,8 @@ impl Agent {
             deadline: Some(deadline),
             on_captured: req.answer_when_captured.then_some(captured_tx),
             expected: info.layout.members.clone(),
-            hold_until_stopped: req.hold_until_stopped && info.hold_until_evicted,
+            hold: (req.hold_until_stopped && info.hold_until_evicted)
+                .then(|| self.exec.hold_bound()),
         };
         let (tx, rx) = mpsc::channel();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
@@ -512,7 +518,7 @@ impl Agent {
                 };
                 // The checkpoint waited for may have been this pod's final one, taken for another
                 // of its containers stopping at the same time: it holds this one too.
-                if let Some(reference) = exec.stop_covered(&uid, &container_id) {
+                if let Some(reference) = exec.final_covering(&uid, &container_id) {
                     let _ = tx.send(Ok(FinalEnd::Published(reference, 0)));
                     return;
                 }

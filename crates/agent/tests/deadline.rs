@@ -150,7 +150,7 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
         deadline: None,
         on_captured: None,
         expected: Vec::new(),
-        hold_until_stopped: false,
+        hold: None,
     };
     let heartbeat = agent.checkpoint(&job).expect("heartbeat");
     eprintln!(

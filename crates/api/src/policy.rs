@@ -66,11 +66,11 @@ pub struct CheckpointPolicySpec {
     #[serde(default)]
     pub restore_on_crash: bool,
 
-    /// After the final checkpoint an EvictionRequest asks stasis for, keep the pod frozen from
-    /// its capture until the eviction stops it (at most 60 s, then it runs on), so that it does
-    /// no work its replacement will do again. Off by default: a pod that serves stops answering
-    /// from the capture (and during the upload) until it is evicted. Pods with CUDA processes
-    /// are not held.
+    /// After the final checkpoint an EvictionRequest asks stasis for (or a spot notice's), keep
+    /// the pod frozen from its capture until the eviction stops it (at most 60 s; for a notice,
+    /// until the instance stops), so that it does no work its replacement will do again. Off by
+    /// default: a pod that serves stops answering from the capture (and during the upload)
+    /// until it is evicted. Pods with CUDA processes are not held.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold_until_evicted: bool,
 

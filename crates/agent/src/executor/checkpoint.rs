@@ -140,7 +140,7 @@ impl Executor {
         };
         // Held: the containers stay frozen through the upload (every error below resumes them
         // as `held` drops) and after it, until the stop comes.
-        let (captured, held) = if job.hold_until_stopped {
+        let (captured, held) = if job.hold.is_some() {
             let (captured, held) = checkpoint_pod_holding(&request)?;
             if held.is_none() {
                 info!(containers = ?names, "not held after the checkpoint: it has CUDA processes, or was paused by someone else");
@@ -282,8 +282,8 @@ impl Executor {
             }
             return Err(AgentError::Fenced(why.clone()));
         }
-        if let Some(held) = held {
-            self.hold(&pod.pod_uid, held);
+        if let (Some(held), Some(bound)) = (held, job.hold) {
+            self.hold(&pod.pod_uid, held, bound);
         }
         Ok(CheckpointOutcome {
             reference: reference.to_string(),

@@ -1,12 +1,13 @@
 //! Pods held frozen after their checkpoint until their stop comes (the eviction responder's
-//! final checkpoint under a policy with `holdUntilEvicted`, docs/design.md §15): a pod that runs
-//! on between its capture and its eviction does work that its replacement, restored from the
-//! capture, does again.
+//! final checkpoint and a spot notice's, under a policy with `holdUntilEvicted`, docs/design.md
+//! §15): a pod that runs on between its capture and its eviction does work that its
+//! replacement, restored from the capture, does again.
 //!
-//! A hold ends when the stop reaches the pod (the runtime's final-checkpoint request, answered
-//! with the capture: [`Executor::stop_covered`]), when the pod leaves the node (the sweep), or
-//! [`HOLD_BOUND`] after the checkpoint was published: the pod then runs on. If the agent dies
-//! while holding, the engine's watchdogs resume the containers at once.
+//! A hold ends when the stop reaches the pod (the runtime's final-checkpoint request, which
+//! resumes it before anything else, then is answered with the capture), when the pod leaves the
+//! node (the sweep), or the hold's bound after the checkpoint was published ([`HOLD_BOUND`] for
+//! an EvictionRequest, the notice's time left for a spot notice): the pod then runs on. If the
+//! agent dies while holding, the engine's watchdogs resume the containers at once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +23,7 @@ use super::{Executor, HOLD_BOUND};
 pub(super) struct Holds {
     held: Arc<Mutex<HashMap<String, (u64, Held)>>>,
     next: AtomicU64,
-    /// [`HOLD_BOUND`], shorter in tests.
+    /// The eviction responder's bound: [`HOLD_BOUND`], shorter in tests.
     bound_ms: AtomicU64,
 }
 
@@ -60,10 +61,9 @@ fn release(pod_uid: &str, held: Held, why: &str) {
 
 impl Executor {
     /// Holds a pod's containers frozen after its published checkpoint, until its stop comes or
-    /// [`HOLD_BOUND`] has passed.
-    pub(super) fn hold(&self, pod_uid: &str, held: Held) {
+    /// `bound` has passed.
+    pub(super) fn hold(&self, pod_uid: &str, held: Held, bound: Duration) {
         let n = self.holds.next.fetch_add(1, Ordering::Relaxed);
-        let bound = Duration::from_millis(self.holds.bound_ms.load(Ordering::Relaxed));
         info!(pod_uid, containers = ?held.ids(), bound_ms = bound.as_millis() as u64, "the pod stays frozen after its checkpoint until its stop");
         let older = self
             .holds
@@ -97,7 +97,12 @@ impl Executor {
         }
     }
 
-    /// How long a pod is held at most ([`HOLD_BOUND`] unless set).
+    /// How long the eviction responder's checkpoint holds a pod at most.
+    pub fn hold_bound(&self) -> Duration {
+        Duration::from_millis(self.holds.bound_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets [`Executor::hold_bound`] ([`HOLD_BOUND`] unless set).
     pub fn set_hold_bound(&self, bound: Duration) {
         self.holds
             .bound_ms
@@ -118,15 +123,6 @@ impl Executor {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(pod_uid)
-    }
-
-    /// A container's stop that a termination capture of a moment ago covers
-    /// ([`Executor::final_covering`]): the capture's reference, the pod resumed first if it
-    /// was held, so that the stop reaches it.
-    pub fn stop_covered(&self, pod_uid: &str, container_id: &str) -> Option<String> {
-        let reference = self.final_covering(pod_uid, container_id)?;
-        self.release_hold(pod_uid, "its stop came");
-        Some(reference)
     }
 
     /// Ends the holds of pods no longer on this node.

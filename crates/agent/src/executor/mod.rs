@@ -115,14 +115,15 @@ pub struct CheckpointJob {
     /// The pod's members by its spec ([`PodLayout::members`]): a pod checkpoint is taken only
     /// when every one runs. Empty: not known.
     pub expected: Vec<String>,
-    /// Keep the pod frozen from the capture until its stop comes, at most [`HOLD_BOUND`] after
-    /// the checkpoint is published (the eviction responder's final checkpoint, when the pod's
-    /// policy has `holdUntilEvicted`): it then does no work its replacement does again.
-    pub hold_until_stopped: bool,
+    /// Keep the pod frozen from the capture until its stop comes, at most this long after the
+    /// checkpoint is published (the eviction responder's final checkpoint and a spot notice's,
+    /// when the pod's policy has `holdUntilEvicted`): it then does no work its replacement
+    /// does again.
+    pub hold: Option<Duration>,
 }
 
-/// How long a pod is held frozen after its checkpoint is published, waiting for its stop
-/// ([`CheckpointJob::hold_until_stopped`]); then it runs on.
+/// How long the eviction responder's checkpoint holds a pod frozen after its publication,
+/// waiting for its stop ([`CheckpointJob::hold`]); then it runs on.
 pub const HOLD_BOUND: Duration = Duration::from_secs(60);
 
 /// What a checkpoint produced.
@@ -206,7 +207,7 @@ pub struct Executor {
     lazy: lazy::LazyRestores,
     /// The pod restores of several containers not yet all restored ([`Executor::member_cold`]).
     in_step: members::PodRestores,
-    /// Pods held frozen after their checkpoint until their stop ([`CheckpointJob::hold_until_stopped`]).
+    /// Pods held frozen after their checkpoint until their stop ([`CheckpointJob::hold`]).
     holds: hold::Holds,
 }
 

@@ -94,7 +94,11 @@ impl KubeCluster {
                 deadline: Some(deadline),
                 on_captured: None,
                 expected: info.layout.members.clone(),
-                hold_until_stopped: false,
+                // A spot notice: the instance stops at the notice's end; held until then, the
+                // pod does nothing its replacement, restored from this checkpoint, does again.
+                hold: (c.spec.reason == stasis_api::CheckpointReason::SpotNotice
+                    && info.hold_until_evicted)
+                    .then_some(timeout),
             }),
         };
         self.finish_checkpoint(&ns, &name, &running, &info, &r);

@@ -73,7 +73,7 @@ pub fn checkpoint_stopped(
             deadline: None,
             on_captured: None,
             expected: Vec::new(),
-            hold_until_stopped: false,
+            hold: None,
         },
         &|| Verdict::NoRecord,
     )
