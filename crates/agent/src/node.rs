@@ -48,6 +48,8 @@ pub struct PodInfo {
     /// Whether a policy selecting it has `holdUntilEvicted`: the eviction responder's final
     /// checkpoint keeps it frozen until its stop.
     pub hold_until_evicted: bool,
+    /// Its app containers' liveness probes (a hold ends before they would fail).
+    pub liveness: Vec<stasis_core::policy::LivenessProbe>,
 }
 
 /// Why no termination checkpoint is wanted for a pod (the `skipped` answer's reason).
@@ -192,6 +194,7 @@ impl Cluster for Standalone {
             layout: PodLayout::default(),
             // (no policies: the request alone decides)
             hold_until_evicted: true,
+            liveness: Vec::new(),
         })
     }
     fn stamp(&self, pod: &PodKey) -> std::result::Result<Stamp, String> {
@@ -495,7 +498,7 @@ impl Agent {
             on_captured: req.answer_when_captured.then_some(captured_tx),
             expected: info.layout.members.clone(),
             hold: (req.hold_until_stopped && info.hold_until_evicted)
-                .then(|| self.exec.hold_bound()),
+                .then(|| stasis_core::policy::hold_limit(self.exec.hold_bound(), &info.liveness)),
         };
         let (tx, rx) = mpsc::channel();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());

@@ -103,6 +103,16 @@ impl LivenessProbe {
     }
 }
 
+/// How long a pod may stay frozen from a checkpoint's freeze when it is held until its stop
+/// (`holdUntilEvicted`): `wanted`, and less than four fifths of its tightest liveness budget,
+/// so that the kubelet does not restart a held container for failing its probe.
+pub fn hold_limit(wanted: Duration, probes: &[LivenessProbe]) -> Duration {
+    probes
+        .iter()
+        .map(|p| p.budget() * 4 / 5)
+        .fold(wanted, Duration::min)
+}
+
 /// Whether a heartbeat checkpoint may freeze the pod.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FreezeVerdict {
@@ -274,6 +284,26 @@ mod tests {
         assert_eq!(
             next_checkpoint_at(i, 1_000, Some(20_000), 0, 99_000),
             99_000
+        );
+    }
+
+    #[test]
+    fn a_hold_stays_within_the_liveness_budget() {
+        let probe = |period, threshold| LivenessProbe {
+            period_seconds: Some(period),
+            failure_threshold: Some(threshold),
+            timeout_seconds: Some(1),
+        };
+        let minute = Duration::from_secs(60);
+        assert_eq!(hold_limit(minute, &[]), minute);
+        // 10 s × 3 − 1 s = 29 s of budget: held at most 23.2 s.
+        assert_eq!(
+            hold_limit(minute, &[probe(10, 3), probe(60, 5)]),
+            Duration::from_millis(23_200)
+        );
+        assert_eq!(
+            hold_limit(Duration::from_secs(5), &[probe(10, 3)]),
+            Duration::from_secs(5)
         );
     }
 

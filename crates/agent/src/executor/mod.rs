@@ -115,14 +115,13 @@ pub struct CheckpointJob {
     /// The pod's members by its spec ([`PodLayout::members`]): a pod checkpoint is taken only
     /// when every one runs. Empty: not known.
     pub expected: Vec<String>,
-    /// Keep the pod frozen from the capture until its stop comes, at most this long after the
-    /// checkpoint is published (the eviction responder's final checkpoint and a spot notice's,
-    /// when the pod's policy has `holdUntilEvicted`): it then does no work its replacement
-    /// does again.
+    /// Keep the pod frozen from the capture until its stop comes, at most this long from the
+    /// freeze's start (the eviction responder's final checkpoint and a spot notice's, when the
+    /// pod's policy has `holdUntilEvicted`): it then does no work its replacement does again.
     pub hold: Option<Duration>,
 }
 
-/// How long the eviction responder's checkpoint holds a pod frozen after its publication,
+/// How long the eviction responder's checkpoint holds a pod frozen from the freeze's start,
 /// waiting for its stop ([`CheckpointJob::hold`]); then it runs on.
 pub const HOLD_BOUND: Duration = Duration::from_secs(60);
 

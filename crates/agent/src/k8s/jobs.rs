@@ -98,7 +98,7 @@ impl KubeCluster {
                 // pod does nothing its replacement, restored from this checkpoint, does again.
                 hold: (c.spec.reason == stasis_api::CheckpointReason::SpotNotice
                     && info.hold_until_evicted)
-                    .then_some(timeout),
+                    .then(|| stasis_core::policy::hold_limit(timeout, &info.liveness)),
             }),
         };
         self.finish_checkpoint(&ns, &name, &running, &info, &r);

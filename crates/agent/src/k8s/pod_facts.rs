@@ -59,6 +59,7 @@ pub fn pod_info(pod: &Pod, policies: &[Arc<CheckpointPolicy>]) -> PodInfo {
         clean_exit_finishes: matches!(restart_policy, Some("Never" | "OnFailure")),
         layout: crate::executor::PodLayout::of(pod),
         hold_until_evicted: selecting.iter().any(|p| p.spec.hold_until_evicted),
+        liveness: stasis_api::pod::liveness_probes(pod),
     }
 }
 
