@@ -196,6 +196,23 @@ impl KubeCluster {
             });
         match job.and_then(|j| self.exec.prepare(&j)) {
             Ok(p) => {
+                // A restore prepared again (after an agent restart) whose create's outcome was
+                // reported meanwhile (a report the next agent took from its file): `Ready` must
+                // not overwrite what the container did.
+                let now = self.rt.block_on(async {
+                    kube::Api::<PodRestore>::namespaced(self.client.clone(), &ns)
+                        .get_opt(&name)
+                        .await
+                });
+                let phase = now.ok().flatten().and_then(|r| r.status?.phase);
+                if matches!(
+                    phase,
+                    Some(RestorePhase::ColdStart | RestorePhase::Restored | RestorePhase::Failed)
+                ) {
+                    info!(restore = %name, ?phase, "the restore's outcome was reported while it was prepared: its status stays, the plan goes");
+                    self.exec.forget(&info.key.uid, &p.container_name);
+                    return;
+                }
                 let mut s = status::restore(
                     &fetching,
                     RestorePhase::Ready,
