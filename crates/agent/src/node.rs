@@ -428,21 +428,25 @@ impl Agent {
 
     fn final_checkpoint_inner(&self, req: &FinalCheckpointRequest) -> ResponseBody {
         let skipped = |r: &str| ResponseBody::Skipped { reason: r.into() };
+        let c = self.exec.resolve(&req.container_id);
+        let pod = match &c {
+            Ok(c) => c.pod().unwrap_or_else(|| req.pod.clone()),
+            Err(_) => req.pod.clone(),
+        };
+        // The stop of a pod held frozen since its checkpoint: it runs again first, so that the
+        // stop reaches it whatever is answered (a paused container cannot take its SIGTERM).
+        if !req.hold_until_stopped && !pod.pod_uid.is_empty() {
+            self.exec.release_hold(&pod.pod_uid, "its stop came");
+        }
         if req.deadline_ms == 0 {
             return skipped("no time given");
         }
-        let c = match self.exec.resolve(&req.container_id) {
+        let c = match c {
             Ok(c) => c,
             Err(e) => return skipped(&e.to_string()),
         };
-        let pod = c.pod().unwrap_or_else(|| req.pod.clone());
         if pod.pod_uid.is_empty() {
             return skipped("not a pod's container (no CRI annotations)");
-        }
-        // The stop of a pod held frozen since its checkpoint: it runs again first, so that the
-        // stop reaches it whatever is answered (a paused container cannot take its SIGTERM).
-        if !req.hold_until_stopped {
-            self.exec.release_hold(&pod.pod_uid, "its stop came");
         }
         let Some(info) = self.cluster.pod(&pod) else {
             return skipped("the agent does not know this pod");
