@@ -114,6 +114,13 @@ fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
         stats.evicted > 0 && stats.bytes < cached,
         "the cache gave room back"
     );
+    // ... and did not take it again with the chunks the restore fetched (it keeps
+    // KEEP_FREE_BYTES free on its filesystem): before, the restore then failed now and then
+    // writing its last files, "No space left on device".
+    assert!(
+        stats.skipped_full > 0,
+        "the cache stored the restore's chunks on a full disk: {stats:?}"
+    );
     let rx = wrapper_create_start(&mut w, &b2, "c2");
     let first = first_count(&rx);
     assert!(

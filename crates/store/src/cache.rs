@@ -49,6 +49,9 @@ pub struct CacheStats {
     pub evicted: u64,
     /// Cached objects that failed authentication and were removed.
     pub corrupt: u64,
+    /// Chunks not stored because the cache's filesystem was nearly full
+    /// ([`KEEP_FREE_BYTES`]).
+    pub skipped_full: u64,
 }
 
 struct Entry {
@@ -283,13 +286,21 @@ impl ChunkCache {
     }
 
     /// Stores a chunk object (as the store has it: encrypted). A failure to write is logged and
-    /// otherwise ignored: the cache only saves fetches. Blocking.
+    /// otherwise ignored: the cache only saves fetches. Not stored either when the cache's
+    /// filesystem would keep less than [`KEEP_FREE_BYTES`]: the cache shares the node's disk
+    /// with the restores it serves, and a restore that made room on a full disk (the cache gave
+    /// its chunks back) must not see the cache take that room again with the chunks it fetches.
+    /// Blocking.
     pub(crate) fn insert(&self, key_id: &str, id: &str, obj: &mut ChunkBuf) {
         let Some(rel) = rel(key_id, id) else {
             return;
         };
         let size = obj.len() as u64;
         if size > self.max_bytes {
+            return;
+        }
+        if free_bytes(&self.dir).is_some_and(|free| free < size + KEEP_FREE_BYTES) {
+            self.lock().stats.skipped_full += 1;
             return;
         }
         // A direct write pads the buffer to the block size; the caller decodes it afterwards.
@@ -368,6 +379,16 @@ impl ChunkCache {
             }
         }
     }
+}
+
+/// What the cache leaves free on its filesystem: more than the room a restore keeps beyond its
+/// files (the agent's margin, 16 MiB), so that the cache never takes that margin.
+pub const KEEP_FREE_BYTES: u64 = 32 << 20;
+
+/// The bytes an unprivileged writer may still use on the filesystem of `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
 /// A staging file this old is a leftover of a writer that died, not a write in progress.
