@@ -77,6 +77,24 @@ impl AgentError {
         move |source| AgentError::Io { path, source }
     }
 
+    /// Whether the node's disk had no room: the room check's refusal, or a write that found
+    /// none (`ENOSPC`, `EDQUOT`) anywhere down the chain of causes.
+    pub fn is_out_of_space(&self) -> bool {
+        if matches!(self, AgentError::NoRoom { .. }) {
+            return true;
+        }
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cause {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                    return true;
+                }
+            }
+            cause = e.source();
+        }
+        false
+    }
+
     /// The checkpoint's objects are gone or damaged in the store (a deleted manifest, a missing
     /// or corrupt chunk, an oversized object): what a writer to the bucket without the keys can
     /// cause. The controller treats it as an alarm and cold-starts; it never falls back to an
@@ -166,6 +184,29 @@ fn joined(mismatches: &[stasis_core::fingerprint::Mismatch]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_room_is_told_apart_down_the_chain_of_causes() {
+        let full = || std::io::Error::from_raw_os_error(libc::ENOSPC);
+        assert!(AgentError::io("/x")(full()).is_out_of_space());
+        assert!(AgentError::Store(stasis_store::StoreError::Io {
+            path: "/x".into(),
+            source: full(),
+        })
+        .is_out_of_space());
+        assert!(AgentError::NoRoom {
+            dir: "/x".into(),
+            needed: 2,
+            available: 1,
+            freed: 0,
+        }
+        .is_out_of_space());
+        assert!(
+            !AgentError::io("/x")(std::io::Error::from_raw_os_error(libc::EACCES))
+                .is_out_of_space()
+        );
+        assert!(!AgentError::Invalid("no space left".into()).is_out_of_space());
+    }
 
     /// Each error a restore's preparation can end with has its own cause, and the damaged
     /// checkpoint its alarm, whatever the messages say.

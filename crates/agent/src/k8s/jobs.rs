@@ -9,6 +9,9 @@ use stasis_core::CheckpointRef;
 use tracing::{info, warn};
 
 use super::{image_digest, not_opted_in, restore_mismatch, single_container, KubeCluster};
+
+/// How long a restore that finds no room on the node's disk tries again.
+const NO_ROOM_RETRY: Duration = Duration::from_secs(30);
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointJob, CheckpointOutcome, PrepareJob, Target};
 use crate::fence;
@@ -194,7 +197,20 @@ impl KubeCluster {
                 image_digest: single_container(&pod).and_then(|c| image_digest(&pod, &c)),
                 declared: info.declared.clone(),
             });
-        match job.and_then(|j| self.exec.prepare(&j)) {
+        // A disk that is full now may not be in a moment (another pod's files, a log burst): a
+        // restore that finds no room tries again for a while before its pod starts cold (its
+        // wait container keeps the pod waiting meanwhile).
+        let started = Instant::now();
+        let prepared = job.and_then(|j| loop {
+            match self.exec.prepare(&j) {
+                Err(e) if e.is_out_of_space() && started.elapsed() < NO_ROOM_RETRY => {
+                    warn!(restore = %name, error = %e, "no room on the node's disk for the restore: trying again in 2 s");
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                r => break r,
+            }
+        });
+        match prepared {
             Ok(p) => {
                 // A restore prepared again (after an agent restart) whose create's outcome was
                 // reported meanwhile (a report the next agent took from its file): `Ready` must
