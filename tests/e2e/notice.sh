@@ -52,6 +52,15 @@ P1=$(wait_one_counting "$NS" spot 120) || { fail "the counter counts"; diagnose 
 N1=$(node_of "$NS" "$P1")
 follow "$NS" "$P1"
 wait_for 10 "the log of $P1 followed" followed "$P1"
+# A pod is checkpointed once the controller has registered it as its lineage's holder (its
+# first second or so; longer while a controller replica that has just started takes the lead):
+# the notice waits for that, as a real one would find it long done.
+registered() {
+  local uid; uid=$(kubectl -n "$NS" get pod "$P1" -o jsonpath='{.metadata.uid}')
+  kubectl -n stasis-system get cm -l stasis.dev/lineage-record=true -o json |
+    jq -e --arg u "$uid" '[.items[].data["holder.json"] // "{}" | fromjson | .uid] | index($u) != null' >/dev/null
+}
+check "the controller registered $P1 as its lineage's holder" retry 90 registered
 echo "# $P1 counts on $N1; the stand-in announces its spot interruption in 120 s"
 curl -fsS "$MD/$N1/_standin/arm?kind=aws-spot&seconds=120" >/dev/null
 T_NOTICE=$(date +%s.%N)

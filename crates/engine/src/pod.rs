@@ -157,6 +157,18 @@ fn checkpoint_pod_inner(
     let mut first_err = None;
     let mut held = None;
     if hold {
+        // CRIU puts the freezer back as it found it, but not always: in a cluster's pod cgroup
+        // the container was found running again right after its dump (the e2e's EvictionRequest
+        // path counted on through the hold). Held means paused: pause again what runs.
+        // (runc refuses to pause a paused container: only a refusal that leaves it running
+        // is a failure)
+        for g in &guards {
+            if req.runc.pause(&g.id).is_err()
+                && req.runc.state(&g.id).is_ok_and(|s| s.status != "paused")
+            {
+                warn!(container = %g.id, "could not pause the held container again after its dump");
+            }
+        }
         held = Some(Held { guards });
     } else {
         for mut g in guards {
