@@ -532,7 +532,10 @@ done:
 }
 
 // cgKill freezes each cgroup (v1 freezer: descendants freeze too), SIGKILLs every task in it and
-// its descendants, thaws it and waits until the tasks are gone.
+// its descendants, thaws it and every descendant (a container paused on its own, such as a pod
+// stasis holds after its checkpoint, stays frozen when only its parent thaws, and a frozen task
+// does not die; a machine that loses its power keeps no frozen task) and waits until the tasks
+// are gone.
 func cgKill(roots []string) error {
 	var errs []string
 	for _, root := range roots {
@@ -570,7 +573,12 @@ func cgKill(roots []string) error {
 				return nil
 			})
 			if frozen && round == 0 {
-				os.WriteFile(state, []byte("THAWED"), 0o644)
+				filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+					if err == nil && d.IsDir() {
+						os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0o644)
+					}
+					return nil
+				})
 			}
 			if n == 0 {
 				break
