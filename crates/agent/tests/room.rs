@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
+use stasis_agent::executor::Executor;
 use stasis_store::{ChunkCache, Key, Store};
 
 use common::*;
@@ -65,6 +66,21 @@ impl Drop for SmallDisk {
     }
 }
 
+/// A counter of pod `uid-source` run with `env`, checkpointed (stopped) by `exec` and removed:
+/// the checkpoint and its last count.
+fn counter_checkpointed(
+    w: &mut World,
+    exec: &Executor,
+    env: &[&str],
+) -> (stasis_agent::executor::CheckpointOutcome, u64) {
+    let b1 = pod_bundle(w, "b1", env, "uid-source", "counter-a");
+    let lines = w.run_piped(&b1, "c1");
+    wait_counts(&lines, 5);
+    let out = checkpoint_stopped(exec, "c1", "counter-a", "uid-source");
+    w.runc().delete_force("c1").unwrap();
+    (out, last_count(&lines).unwrap())
+}
+
 #[test]
 fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
     if !ready("a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes") {
@@ -80,12 +96,7 @@ fn a_full_disk_is_made_room_on_by_the_chunk_cache_or_refused_with_the_sizes() {
     let env = ["STATE_MB=24", "INTERVAL_MS=100"];
 
     // A counter checkpointed (stopped): its chunks go into the cache as they upload.
-    let b1 = pod_bundle(&w, "b1", &env, "uid-source", "counter-a");
-    let lines = w.run_piped(&b1, "c1");
-    wait_counts(&lines, 5);
-    let out = checkpoint_stopped(&exec, "c1", "counter-a", "uid-source");
-    w.runc().delete_force("c1").unwrap();
-    let before = last_count(&lines).unwrap();
+    let (out, before) = counter_checkpointed(&mut w, &exec, &env);
     let cached = cache.stats().bytes;
     let logical = out.logical_bytes;
     eprintln!(
@@ -171,12 +182,7 @@ fn a_disk_filled_after_a_lazy_staging_does_not_stop_the_restore() {
     exec.set_lazy_restore(stasis_agent::executor::LazyRestore::Auto);
     let env = ["STATE_MB=48", "INTERVAL_MS=100"];
 
-    let b1 = pod_bundle(&w, "b1", &env, "uid-source", "counter-a");
-    let lines = w.run_piped(&b1, "c1");
-    wait_counts(&lines, 5);
-    let out = checkpoint_stopped(&exec, "c1", "counter-a", "uid-source");
-    w.runc().delete_force("c1").unwrap();
-    let before = last_count(&lines).unwrap();
+    let (out, before) = counter_checkpointed(&mut w, &exec, &env);
 
     let b2 = pod_bundle(&w, "b2", &env, "uid-lazy-full", "counter-b");
     let prepared = exec

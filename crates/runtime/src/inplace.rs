@@ -95,40 +95,19 @@ pub fn wait_for_plan(plans_dir: &Path, pod_uid: &str, container_name: &str, now_
             return Waited::NotPending;
         }
     };
-    let started = Instant::now();
     let bound = Duration::from_millis((pending.until_unix_ms - now_ms).min(MAX_PREPARE_WAIT_MS));
-    let waited = loop {
-        match planfile::read(&plan_path) {
-            Ok(Some(plan)) => {
-                break Waited::Plan {
-                    plan,
-                    file: plan_path,
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                break Waited::Unusable {
-                    reason: format!("unusable plan file: {e}"),
-                }
-            }
-        }
-        if let Ok(Some(f)) = planfile::read_failed(&failed_path) {
-            let _ = std::fs::remove_file(&failed_path);
-            break Waited::Failed(f);
-        }
-        if started.elapsed() >= bound {
-            break Waited::TimedOut {
-                checkpoint_ref: pending.checkpoint_ref,
-                waited_ms: started.elapsed().as_millis() as u64,
-            };
-        }
-        std::thread::sleep(POLL.min(bound.saturating_sub(started.elapsed())));
-    };
+    let waited = wait_until(
+        &plan_path,
+        &failed_path,
+        bound,
+        pending.checkpoint_ref,
+        |_| true,
+    );
     let _ = std::fs::remove_file(&pending_path);
     waited
 }
 
-/// Waits for a lazy restore to be served again: `stale`, the plan file `create` found, names a
+/// Waits for a lazy restore to be served again: the plan file `create` found names a
 /// `criu lazy-pages` daemon that is gone (`listens` says no). That happens when the agent that
 /// served it died after preparing it (its watchdog removes the socket): the agent that starts
 /// next withdraws such a plan, leaves a pending note and prepares the restore again
@@ -148,41 +127,58 @@ pub fn wait_for_served_again(
     ) else {
         return Waited::NotPending;
     };
+    // A plan whose daemon listens: the agent withdraws the stale plan before it stages the
+    // restore again, so a plan found with its daemon listening is the new one. (Not told apart
+    // by its inode: the withdrawn file's is free for the new one.)
+    let waited = wait_until(
+        &plan_path,
+        &failed_path,
+        Duration::from_millis(MAX_PREPARE_WAIT_MS),
+        String::new(),
+        |p| !p.plan.lazy || listens(&p.plan),
+    );
+    if matches!(waited, Waited::Plan { .. } | Waited::Failed(_)) {
+        clear_pending(plans_dir, pod_uid, container_name);
+    }
+    waited
+}
+
+/// Polls until a plan file that `usable` takes appears at `plan_path` (an unreadable one ends
+/// the wait too), the agent's failure note at `failed_path` (removed), or `bound` has passed.
+fn wait_until(
+    plan_path: &Path,
+    failed_path: &Path,
+    bound: Duration,
+    checkpoint_ref: String,
+    usable: impl Fn(&PlanFile) -> bool,
+) -> Waited {
     let started = Instant::now();
-    let bound = Duration::from_millis(MAX_PREPARE_WAIT_MS);
     loop {
-        // A plan whose daemon listens: the agent withdraws the stale plan before it stages the
-        // restore again, so a plan found with its daemon listening is the new one. (Not told
-        // apart by its inode: the withdrawn file's is free for the new one.)
-        if plan_path.exists() {
-            match planfile::read(&plan_path) {
-                Ok(Some(plan)) if !plan.plan.lazy || listens(&plan.plan) => {
-                    clear_pending(plans_dir, pod_uid, container_name);
-                    return Waited::Plan {
-                        plan,
-                        file: plan_path,
-                    };
+        match planfile::read(plan_path) {
+            Ok(Some(plan)) if usable(&plan) => {
+                return Waited::Plan {
+                    plan,
+                    file: plan_path.to_path_buf(),
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    return Waited::Unusable {
-                        reason: format!("unusable plan file: {e}"),
-                    }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Waited::Unusable {
+                    reason: format!("unusable plan file: {e}"),
                 }
             }
         }
-        if let Ok(Some(f)) = planfile::read_failed(&failed_path) {
-            let _ = std::fs::remove_file(&failed_path);
-            clear_pending(plans_dir, pod_uid, container_name);
+        if let Ok(Some(f)) = planfile::read_failed(failed_path) {
+            let _ = std::fs::remove_file(failed_path);
             return Waited::Failed(f);
         }
         if started.elapsed() >= bound {
             return Waited::TimedOut {
-                checkpoint_ref: String::new(),
+                checkpoint_ref,
                 waited_ms: started.elapsed().as_millis() as u64,
             };
         }
-        std::thread::sleep(POLL);
+        std::thread::sleep(POLL.min(bound.saturating_sub(started.elapsed())));
     }
 }
 
