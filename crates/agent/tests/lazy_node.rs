@@ -522,3 +522,90 @@ fn plan_of_consumed(path: &Path) -> stasis_node_api::Plan {
     c.push(".consumed");
     plan_of(Path::new(&c))
 }
+
+/// The agent goes away while the replacement's `runc restore --lazy-pages` connects to its page
+/// server (soak finding: the plan's check found the socket, CRIU's connect did not): the create
+/// puts the plan back and waits for the next agent's, and restores from that instead of
+/// starting cold. Here the daemon's socket is swapped for a dead one before the create (the
+/// check passes, the connect is refused) and removed as soon as the wrapper names the container
+/// (what the dead agent's watchdog does), so the restore fails as in the soak.
+#[test]
+fn a_lazy_restore_whose_agent_died_during_the_restore_is_served_again() {
+    let test = "a_lazy_restore_whose_agent_died_during_the_restore_is_served_again";
+    let Some(mut lab) = Lab::new(test, "node-died-mid") else {
+        return;
+    };
+    let (before, reference) = lab.checkpointed_counter("nmid-a");
+    let uid = "uid-mid-1";
+    let b = pod_bundle(
+        &lab.w,
+        "b-mid",
+        &[&state_env(), "INTERVAL_MS=50"],
+        uid,
+        "counter-b",
+    );
+    let prepared = lab.prepare(&reference, uid, &b);
+    let work = plan_of(&prepared.plan_path).lazy_work_dir();
+    let socket = work.join("lazy-pages.socket");
+    // The daemon keeps its socket (renamed away): no restore reaches it any more.
+    std::fs::rename(&socket, work.join("lazy-pages.socket.away")).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+
+    let watchdog = {
+        let (work, socket) = (work.clone(), socket.clone());
+        std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_secs(30);
+            while !work.join(".lazy-target").exists() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = std::fs::remove_file(&socket);
+        })
+    };
+    let store = lab
+        .rt
+        .block_on(async { Store::open("s3://ckpts/node-lazy") })
+        .unwrap();
+    let next = executor_on(&lab.w, &lab.rt, store, lab.key.clone());
+    next.set_lazy_restore(LazyRestore::Auto);
+    let starting = {
+        let (next, job, plans) = (
+            next.clone(),
+            prepare_job(&reference, uid, &b),
+            lab.w.run_dir().join("plans"),
+        );
+        std::thread::spawn(move || {
+            // The next agent starts once the create has put the plan back.
+            let path =
+                stasis_node_api::planfile::path_for_pod(&plans, "uid-mid-1", "counter").unwrap();
+            let put_back = || path.exists() && !path.with_extension("json.consumed").exists();
+            let until = Instant::now() + Duration::from_secs(30);
+            while !put_back() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let withdrawn = next.withdraw_orphaned_lazy_plans(60_000);
+            assert!(withdrawn.contains("uid-mid-1"), "{withdrawn:?}");
+            next.prepare(&job).expect("prepare again")
+        })
+    };
+    let rx = wrapper_create_start(&mut lab.w, &b, "nmid-b");
+    watchdog.join().unwrap();
+    starting.join().unwrap();
+    let first = first_count(&rx);
+    let log = std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
+    eprintln!("served again after a failed restore: first count {first} after {before}");
+    assert!(
+        first > before && first <= before + 3,
+        "first={first}, before={before}: the failed restore was not served again; log: {log}"
+    );
+    assert!(
+        log.contains("went away") && log.contains("waiting for the next agent"),
+        "the wrapper did not say why it waited; log: {log}"
+    );
+    wait_for("residency from the next agent", 120, || {
+        next.metrics
+            .render()
+            .contains("stasis_agent_restores_total{result=\"lazy_resident\"} 1")
+    });
+    assert_full_check(&lab.w, "nmid-b");
+}

@@ -174,16 +174,7 @@ impl Ctx {
             ),
         };
         let ckpt = Some(pf.plan.checkpoint_ref.clone());
-        let img = &pf.plan.image_dir;
-        let facts = ImageFacts {
-            criu_inventory: img.join("criu/inventory.img").is_file(),
-            rootfs_diff: img.join("rootfs/diff.tar").is_file(),
-            stamp: planfile::read_verified_stamp(img)
-                .map(|s| s.map(|s| s.checkpoint_ref))
-                .map_err(|e| e.to_string()),
-            lazy_daemon: lazy_daemon_listens(&pf.plan),
-        };
-        let verdict = decide::accept(&pf, id, &kind, now_ms(), &facts);
+        let verdict = decide::accept(&pf, id, &kind, now_ms(), &image_facts(&pf.plan));
         // A plan is used once, accepted or not: no restore loops.
         if let Some(f) = &file {
             if planfile::consume(f).is_err() {
@@ -263,6 +254,52 @@ impl Ctx {
                 ),
                 false,
             ),
+        }
+    }
+
+    /// After a lazy restore failed because its agent went away: the consumed plan is put back
+    /// (the next agent withdraws it and prepares the restore again), then waited for as a stale
+    /// plan is ([`inplace::wait_for_served_again`]). The new plan, accepted; `None`: none came,
+    /// or it is refused (the cold start then says why the first restore failed).
+    fn served_again_after_failure(
+        &self,
+        id: &str,
+        kind: &ContainerKind,
+        plan: &stasis_node_api::Plan,
+        why: &str,
+    ) -> Option<stasis_node_api::Plan> {
+        let pod = pod_of(kind);
+        let dir = self.cfg.plans_dir();
+        let path = planfile::path_for_pod(&dir, &pod.pod_uid, &pod.container_name)?;
+        let mut consumed = path.clone().into_os_string();
+        consumed.push(".consumed");
+        if !path.exists() && std::fs::rename(&consumed, &path).is_err() {
+            return None;
+        }
+        self.log(
+            Level::Info,
+            &format!(
+                "the restore of {} failed as the agent serving its memory went away ({why}): waiting for the next agent to serve it again",
+                plan.checkpoint_ref
+            ),
+        );
+        let waited = inplace::wait_for_served_again(
+            &dir,
+            &pod.pod_uid,
+            &pod.container_name,
+            lazy_daemon_listens,
+        );
+        // Used once, whatever came.
+        let taken = match &waited {
+            Waited::Plan { file, .. } => file.clone(),
+            _ => path,
+        };
+        let _ = planfile::consume(&taken);
+        match waited {
+            Waited::Plan { plan: pf, .. } => {
+                decide::accept(&pf, id, kind, now_ms(), &image_facts(&pf.plan)).ok()
+            }
+            _ => None,
         }
     }
 
@@ -447,6 +484,17 @@ impl Ctx {
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .status();
+            // The agent serving the memory went away while the restore connected to it (after
+            // the plan's check: its watchdog removed the socket): its successor serves the
+            // restore again, as for a plan found stale. Once.
+            if plan.lazy
+                && !lazy_daemon_listens(plan)
+                && !LAZY_RETRIED.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                if let Some(again) = self.served_again_after_failure(id, kind, plan, &why) {
+                    self.restore(id, c, bundle, kind, &again)
+                }
+            }
             let files = if plan.rootfs_method.is_some() {
                 " (the checkpoint's files stay in the rootfs, as after a crash)"
             } else {
@@ -593,4 +641,21 @@ impl Ctx {
 /// in the plan's work dir; the agent's watchdog removes it when the agent dies).
 fn lazy_daemon_listens(plan: &stasis_node_api::Plan) -> bool {
     plan.lazy_work_dir().join("lazy-pages.socket").exists()
+}
+
+/// A lazy restore is tried again at most once after its agent went away
+/// ([`Ctx::served_again_after_failure`]).
+static LAZY_RETRIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What the plan's check needs to know of its image dir.
+fn image_facts(plan: &stasis_node_api::Plan) -> ImageFacts {
+    let img = &plan.image_dir;
+    ImageFacts {
+        criu_inventory: img.join("criu/inventory.img").is_file(),
+        rootfs_diff: img.join("rootfs/diff.tar").is_file(),
+        stamp: planfile::read_verified_stamp(img)
+            .map(|s| s.map(|s| s.checkpoint_ref))
+            .map_err(|e| e.to_string()),
+        lazy_daemon: lazy_daemon_listens(plan),
+    }
 }
