@@ -293,6 +293,14 @@ check_opens() {
 # older than the newest that had succeeded before its PodRestore was made, and continues past it
 check_restore() {
   local old=$1 new=$2 pr phase ref created newest nid ncreated rid c_ckpt first src
+  # A restore made while no agent ran (the agent killed on the destination) is reported by the
+  # next agent from the wrapper's report file, once it is 10 s old (at-least-once delivery,
+  # docs/design.md §12.5): a PodRestore still `Ready` is given that long to turn.
+  restore_reported() {
+    kubectl -n "$NS" get prestore --field-selector "spec.targetPodName=$new" -o json |
+      jq -e '.items[0].status.phase // "" | . != "Ready" and . != "Fetching" and . != "Pending" and . != ""' >/dev/null
+  }
+  retry 30 restore_reported || true
   pr=$(kubectl -n "$NS" get prestore --field-selector "spec.targetPodName=$new" -o json | jq -c '.items[0] // empty')
   phase=$(jq -r '.status.phase // "-"' <<<"$pr"); ref=$(jq -r '.spec.checkpointRef // "-"' <<<"$pr")
   created=$(jq -r '.metadata.creationTimestamp // "-"' <<<"$pr")
