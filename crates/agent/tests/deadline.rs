@@ -104,11 +104,9 @@ fn final_checkpoint(
 ) -> (ResponseBody, Duration) {
     let t = Instant::now();
     let answer = agent.final_checkpoint(&FinalCheckpointRequest {
-        container_id: "d1".into(),
-        pod: PodRef::default(),
         deadline_ms,
         answer_when_captured,
-        hold_until_stopped: false,
+        ..stop_request("d1")
     });
     (answer, t.elapsed())
 }

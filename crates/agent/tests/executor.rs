@@ -53,13 +53,7 @@ fn final_checkpoint_then_prepared_restore_through_the_wrapper() {
     let before = last_count(&lines).unwrap();
     let t = Instant::now();
     let answer = Client::new(&sock)
-        .final_checkpoint(FinalCheckpointRequest {
-            container_id: "c1".into(),
-            pod: PodRef::default(),
-            deadline_ms: 30_000,
-            answer_when_captured: false,
-            hold_until_stopped: false,
-        })
+        .final_checkpoint(stop_request("c1"))
         .expect("final_checkpoint");
     let took = t.elapsed();
     let CheckpointAnswer::Done { checkpoint_ref, .. } = answer else {
@@ -280,11 +274,8 @@ fn stasisd_rss_idle_and_while_checkpointing() {
     let t = Instant::now();
     let answer = Client::new(&sock)
         .final_checkpoint(FinalCheckpointRequest {
-            container_id: "big".into(),
-            pod: PodRef::default(),
             deadline_ms: 300_000,
-            answer_when_captured: false,
-            hold_until_stopped: false,
+            ..stop_request("big")
         })
         .expect("final_checkpoint");
     let took = t.elapsed();

@@ -11,17 +11,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use stasis_node_api::{CheckpointAnswer, Client, FinalCheckpointRequest, PodRef};
+use stasis_node_api::{CheckpointAnswer, Client, FinalCheckpointRequest};
 
 use common::*;
 
 fn final_request(id: &str, hold: bool) -> FinalCheckpointRequest {
     FinalCheckpointRequest {
-        container_id: id.into(),
-        pod: PodRef::default(),
-        deadline_ms: 30_000,
-        answer_when_captured: false,
         hold_until_stopped: hold,
+        ..stop_request(id)
     }
 }
 

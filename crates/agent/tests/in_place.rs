@@ -85,11 +85,8 @@ fn oom_restart_in_place_through_the_chunk_cache_keeps_no_image_on_the_node() {
     let before = last_count(&lines).unwrap();
     let answer = Client::new(&sock)
         .final_checkpoint(FinalCheckpointRequest {
-            container_id: "c1".into(),
             pod: pod.clone(),
-            deadline_ms: 30_000,
-            answer_when_captured: false,
-            hold_until_stopped: false,
+            ..stop_request("c1")
         })
         .expect("checkpoint");
     let CheckpointAnswer::Done { checkpoint_ref, .. } = answer else {
@@ -222,11 +219,8 @@ fn a_restore_lost_before_its_container_started_restores_again_on_the_next_create
     let before = last_count(&lines).unwrap();
     let answer = Client::new(&server.sock)
         .final_checkpoint(FinalCheckpointRequest {
-            container_id: "c1".into(),
             pod: source.clone(),
-            deadline_ms: 30_000,
-            answer_when_captured: false,
-            hold_until_stopped: false,
+            ..stop_request("c1")
         })
         .expect("checkpoint");
     let CheckpointAnswer::Done { checkpoint_ref, .. } = answer else {

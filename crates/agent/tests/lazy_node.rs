@@ -437,6 +437,62 @@ fn lazy_daemon_in(work: &Path) -> Option<i32> {
     })
 }
 
+/// The next agent on this node: an executor on the same directories that, on a thread of its
+/// own, waits for `when`, withdraws the lazy plans its predecessor left and prepares pod `uid`'s
+/// restore again (what `stasisd` does at its start).
+fn next_agent(
+    lab: &Lab,
+    reference: &str,
+    uid: &str,
+    b: &Path,
+    when: impl FnOnce() + Send + 'static,
+) -> (
+    Arc<Executor>,
+    std::thread::JoinHandle<stasis_agent::executor::Prepared>,
+) {
+    let store = lab
+        .rt
+        .block_on(async { Store::open("s3://ckpts/node-lazy") })
+        .unwrap();
+    let next = executor_on(&lab.w, &lab.rt, store, lab.key.clone());
+    next.set_lazy_restore(LazyRestore::Auto);
+    let (exec, job, uid) = (next.clone(), prepare_job(reference, uid, b), uid.to_owned());
+    let starting = std::thread::spawn(move || {
+        when();
+        let withdrawn = exec.withdraw_orphaned_lazy_plans(60_000);
+        assert!(withdrawn.contains(&uid), "{withdrawn:?}");
+        exec.prepare(&job).expect("prepare again")
+    });
+    (next, starting)
+}
+
+/// The replacement `id` continued the count from the checkpoint (`before`), the wrapper's log
+/// says `said`, and the next agent brought every page in: the full state check passes.
+fn assert_served_again(
+    lab: &Lab,
+    next: &Executor,
+    first: u64,
+    before: u64,
+    id: &str,
+    said: &[&str],
+) {
+    let log = std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
+    assert!(
+        first > before && first <= before + 3,
+        "first={first}, before={before}: the restore was not served again; log: {log}"
+    );
+    assert!(
+        said.iter().all(|s| log.contains(s)),
+        "the wrapper did not say why it waited ({said:?}); log: {log}"
+    );
+    wait_for("residency from the next agent", 120, || {
+        next.metrics
+            .render()
+            .contains("stasis_agent_restores_total{result=\"lazy_resident\"} 1")
+    });
+    assert_full_check(&lab.w, id);
+}
+
 /// The agent dies after it staged a lazy restore and before the container's create (soak
 /// finding: the create then found the plan with its page server gone and started cold). Its
 /// watchdog removes the daemon's socket and kills the daemon; the create waits for the next
@@ -475,52 +531,27 @@ fn a_lazy_restore_whose_agent_died_is_served_again_by_the_next_agent() {
     std::thread::sleep(Duration::from_millis(300));
 
     // The next agent comes up a second after the create arrives.
-    let store = lab
-        .rt
-        .block_on(async { Store::open("s3://ckpts/node-lazy") })
-        .unwrap();
-    let next = executor_on(&lab.w, &lab.rt, store, lab.key.clone());
-    next.set_lazy_restore(LazyRestore::Auto);
-    let starting = {
-        let (next, job) = (next.clone(), prepare_job(&reference, uid, &b));
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(1));
-            let withdrawn = next.withdraw_orphaned_lazy_plans(60_000);
-            assert!(withdrawn.contains("uid-died-1"), "{withdrawn:?}");
-            next.prepare(&job).expect("prepare again")
-        })
-    };
+    let (next, starting) = next_agent(&lab, &reference, uid, &b, || {
+        std::thread::sleep(Duration::from_secs(1))
+    });
     let t = Instant::now();
     let rx = wrapper_create_start(&mut lab.w, &b, "ndied-b");
     let again = starting.join().unwrap();
-    assert!(plan_of_consumed(&again.plan_path).lazy);
+    let consumed = stasis_node_api::planfile::consumed_path(&again.plan_path);
+    assert!(plan_of(&consumed).lazy);
     let first = first_count(&rx);
-    let log = std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
     eprintln!(
         "served again by the next agent: first count {first} after {before}, {} ms from the create",
         t.elapsed().as_millis()
     );
-    assert!(
-        first > before && first <= before + 3,
-        "first={first}, before={before}: the create did not wait for the next agent; log: {log}"
+    assert_served_again(
+        &lab,
+        &next,
+        first,
+        before,
+        "ndied-b",
+        &["waiting for the next agent"],
     );
-    assert!(
-        log.contains("waiting for the next agent"),
-        "the wrapper did not say why it waited; log: {log}"
-    );
-    wait_for("residency from the next agent", 120, || {
-        next.metrics
-            .render()
-            .contains("stasis_agent_restores_total{result=\"lazy_resident\"} 1")
-    });
-    assert_full_check(&lab.w, "ndied-b");
-}
-
-/// A plan file after its create took it (`<plan>.consumed`).
-fn plan_of_consumed(path: &Path) -> stasis_node_api::Plan {
-    let mut c = path.as_os_str().to_owned();
-    c.push(".consumed");
-    plan_of(Path::new(&c))
 }
 
 /// The agent goes away while the replacement's `runc restore --lazy-pages` connects to its page
@@ -561,51 +592,28 @@ fn a_lazy_restore_whose_agent_died_during_the_restore_is_served_again() {
             let _ = std::fs::remove_file(&socket);
         })
     };
-    let store = lab
-        .rt
-        .block_on(async { Store::open("s3://ckpts/node-lazy") })
-        .unwrap();
-    let next = executor_on(&lab.w, &lab.rt, store, lab.key.clone());
-    next.set_lazy_restore(LazyRestore::Auto);
-    let starting = {
-        let (next, job, plans) = (
-            next.clone(),
-            prepare_job(&reference, uid, &b),
-            lab.w.run_dir().join("plans"),
-        );
-        std::thread::spawn(move || {
-            // The next agent starts once the create has put the plan back.
-            let path =
-                stasis_node_api::planfile::path_for_pod(&plans, "uid-mid-1", "counter").unwrap();
-            let put_back = || path.exists() && !path.with_extension("json.consumed").exists();
-            let until = Instant::now() + Duration::from_secs(30);
-            while !put_back() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-            let withdrawn = next.withdraw_orphaned_lazy_plans(60_000);
-            assert!(withdrawn.contains("uid-mid-1"), "{withdrawn:?}");
-            next.prepare(&job).expect("prepare again")
-        })
-    };
+    // The next agent starts once the create has put the plan back.
+    let path = prepared.plan_path.clone();
+    let (next, starting) = next_agent(&lab, &reference, uid, &b, move || {
+        let consumed = stasis_node_api::planfile::consumed_path(&path);
+        let until = Instant::now() + Duration::from_secs(30);
+        let put_back = || path.exists() && !consumed.exists();
+        while !put_back() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    });
     let rx = wrapper_create_start(&mut lab.w, &b, "nmid-b");
     watchdog.join().unwrap();
     starting.join().unwrap();
     let first = first_count(&rx);
-    let log = std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
     eprintln!("served again after a failed restore: first count {first} after {before}");
-    assert!(
-        first > before && first <= before + 3,
-        "first={first}, before={before}: the failed restore was not served again; log: {log}"
+    assert_served_again(
+        &lab,
+        &next,
+        first,
+        before,
+        "nmid-b",
+        &["went away", "waiting for the next agent"],
     );
-    assert!(
-        log.contains("went away") && log.contains("waiting for the next agent"),
-        "the wrapper did not say why it waited; log: {log}"
-    );
-    wait_for("residency from the next agent", 120, || {
-        next.metrics
-            .render()
-            .contains("stasis_agent_restores_total{result=\"lazy_resident\"} 1")
-    });
-    assert_full_check(&lab.w, "nmid-b");
 }

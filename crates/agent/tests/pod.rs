@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use stasis_agent::error::AgentError;
 use stasis_agent::executor::{PodLayout, PrepareJob};
-use stasis_node_api::{CheckpointAnswer, Client, FinalCheckpointRequest, PodRef};
+use stasis_node_api::{CheckpointAnswer, Client};
 use stasis_testkit::bundle;
 
 use common::*;
@@ -43,13 +43,7 @@ fn member(w: &World, uid: &str, name: &str, env: &[&str]) -> PathBuf {
 
 fn final_checkpoint(sock: &std::path::Path, id: &str) -> String {
     let answer = Client::new(sock)
-        .final_checkpoint(FinalCheckpointRequest {
-            container_id: id.into(),
-            pod: PodRef::default(),
-            deadline_ms: 30_000,
-            answer_when_captured: false,
-            hold_until_stopped: false,
-        })
+        .final_checkpoint(stop_request(id))
         .expect("final_checkpoint");
     match answer {
         CheckpointAnswer::Done { checkpoint_ref, .. } => checkpoint_ref,

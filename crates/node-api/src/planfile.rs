@@ -420,14 +420,26 @@ pub fn write(path: &Path, plan: &PlanFile) -> io::Result<()> {
     write_atomic(path, &serde_json::to_vec(plan)?)
 }
 
+/// Where a plan at `path` goes once taken: `<path>.consumed`.
+pub fn consumed_path(path: &Path) -> PathBuf {
+    let mut to = path.as_os_str().to_owned();
+    to.push(".consumed");
+    PathBuf::from(to)
+}
+
 /// Takes a plan (the wrapper's side): renames it to `<path>.consumed`, so it is used once.
 /// Returns the new path; an error means someone else took it first (or it is gone).
 pub fn consume(path: &Path) -> io::Result<PathBuf> {
-    let mut to = path.as_os_str().to_owned();
-    to.push(".consumed");
-    let to = PathBuf::from(to);
+    let to = consumed_path(path);
     std::fs::rename(path, &to)?;
     Ok(to)
+}
+
+/// Puts a taken plan back at `path` (a restore that failed because the agent serving it went
+/// away: the next agent withdraws it and prepares the restore again). `false` when there is
+/// no taken plan to put back, or a plan is there already.
+pub fn unconsume(path: &Path) -> bool {
+    !path.exists() && std::fs::rename(consumed_path(path), path).is_ok()
 }
 
 /// Stamps `image_dir` as holding the verified archive of `checkpoint_ref` (the agent's side,

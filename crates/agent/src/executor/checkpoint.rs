@@ -140,7 +140,6 @@ impl Executor {
         };
         // Held: the containers stay frozen through the upload (every error below resumes them
         // as `held` drops) and after it, until the stop comes.
-        let frozen_at = Instant::now();
         let (captured, held) = if job.hold.is_some() {
             let (captured, held) = checkpoint_pod_holding(&request)?;
             if held.is_none() {
@@ -284,11 +283,7 @@ impl Executor {
             return Err(AgentError::Fenced(why.clone()));
         }
         if let (Some(held), Some(limit)) = (held, job.hold) {
-            self.hold(
-                &pod.pod_uid,
-                held,
-                limit.saturating_sub(frozen_at.elapsed()),
-            );
+            self.hold(&pod.pod_uid, held, limit.saturating_sub(started.elapsed()));
         }
         Ok(CheckpointOutcome {
             reference: reference.to_string(),

@@ -21,7 +21,7 @@ use super::{Executor, HOLD_BOUND};
 
 /// The pods held, by UID, each with the number of its hold (a newer hold replaces an older).
 pub(super) struct Holds {
-    held: Arc<Mutex<HashMap<String, (u64, Held)>>>,
+    held: Arc<HeldPods>,
     next: AtomicU64,
     /// The eviction responder's bound: [`HOLD_BOUND`], shorter in tests.
     bound_ms: AtomicU64,
@@ -37,13 +37,14 @@ impl Default for Holds {
     }
 }
 
-impl Holds {
-    fn take(&self, pod_uid: &str, hold: Option<u64>) -> Option<Held> {
-        let mut m = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        match m.get(pod_uid) {
-            Some((n, _)) if hold.is_none_or(|h| h == *n) => m.remove(pod_uid).map(|(_, h)| h),
-            _ => None,
-        }
+type HeldPods = Mutex<HashMap<String, (u64, Held)>>;
+
+/// Takes a pod's hold out of `held`: any, or only hold number `hold`.
+fn take(held: &HeldPods, pod_uid: &str, hold: Option<u64>) -> Option<Held> {
+    let mut m = held.lock().unwrap_or_else(|e| e.into_inner());
+    match m.get(pod_uid) {
+        Some((n, _)) if hold.is_none_or(|h| h == *n) => m.remove(pod_uid).map(|(_, h)| h),
+        _ => None,
     }
 }
 
@@ -79,19 +80,12 @@ impl Executor {
             .name("hold".into())
             .spawn(move || {
                 std::thread::sleep(bound);
-                let mine = {
-                    let mut m = held.lock().unwrap_or_else(|e| e.into_inner());
-                    match m.get(&uid) {
-                        Some((k, _)) if *k == n => m.remove(&uid).map(|(_, h)| h),
-                        _ => None,
-                    }
-                };
-                if let Some(h) = mine {
+                if let Some(h) = take(&held, &uid, Some(n)) {
                     release(&uid, h, "no stop came within the hold's bound");
                 }
             });
         if timer.is_err() {
-            if let Some(h) = self.holds.take(pod_uid, Some(n)) {
+            if let Some(h) = take(&self.holds.held, pod_uid, Some(n)) {
                 release(pod_uid, h, "no thread to bound the hold");
             }
         }
@@ -111,7 +105,7 @@ impl Executor {
 
     /// Ends a pod's hold, if any.
     pub fn release_hold(&self, pod_uid: &str, why: &str) {
-        if let Some(h) = self.holds.take(pod_uid, None) {
+        if let Some(h) = take(&self.holds.held, pod_uid, None) {
             release(pod_uid, h, why);
         }
     }

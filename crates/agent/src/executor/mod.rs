@@ -116,12 +116,12 @@ pub struct CheckpointJob {
     /// when every one runs. Empty: not known.
     pub expected: Vec<String>,
     /// Keep the pod frozen from the capture until its stop comes, at most this long from the
-    /// freeze's start (the eviction responder's final checkpoint and a spot notice's, when the
+    /// checkpoint's start (a little before its freeze) (the eviction responder's final checkpoint and a spot notice's, when the
     /// pod's policy has `holdUntilEvicted`): it then does no work its replacement does again.
     pub hold: Option<Duration>,
 }
 
-/// How long the eviction responder's checkpoint holds a pod frozen from the freeze's start,
+/// How long the eviction responder's checkpoint holds a pod frozen from the checkpoint's start,
 /// waiting for its stop ([`CheckpointJob::hold`]); then it runs on.
 pub const HOLD_BOUND: Duration = Duration::from_secs(60);
 

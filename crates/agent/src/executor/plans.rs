@@ -96,22 +96,19 @@ impl Executor {
     /// Forgets a pod container's restore: its plan files (consumed or not) and image dir.
     pub fn forget(&self, pod_uid: &str, container_name: &str) {
         if let Some(p) = planfile::path_for_pod(&self.cfg.plans_dir, pod_uid, container_name) {
-            let _ = std::fs::remove_file(&p);
-            let mut c = p.into_os_string();
-            c.push(".consumed");
-            let _ = std::fs::remove_file(PathBuf::from(c));
+            let _ = std::fs::remove_file(planfile::consumed_path(&p));
+            let _ = std::fs::remove_file(p);
         }
         // A container running on a lazy restore's images: they go when its pages are in.
         if safe_component(pod_uid)
             && safe_component(container_name)
             && !self.release_lazy(pod_uid, container_name)
         {
-            let d = self.pod_images(pod_uid);
-            let _ = std::fs::remove_dir_all(d.join(container_name));
-            let _ = std::fs::remove_dir(d);
-            let w = self.cfg.lazy_dir().join(pod_uid);
-            let _ = std::fs::remove_dir_all(w.join(container_name));
-            let _ = std::fs::remove_dir(w);
+            // Its images, and a lazy restore's work dir; each pod's directory once empty.
+            for d in [self.pod_images(pod_uid), self.cfg.lazy_dir().join(pod_uid)] {
+                let _ = std::fs::remove_dir_all(d.join(container_name));
+                let _ = std::fs::remove_dir(d);
+            }
         }
     }
 

@@ -9,14 +9,14 @@ use stasis_core::CheckpointRef;
 use tracing::{info, warn};
 
 use super::{image_digest, not_opted_in, restore_mismatch, single_container, KubeCluster};
-
-/// How long a restore that finds no room on the node's disk tries again.
-const NO_ROOM_RETRY: Duration = Duration::from_secs(30);
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointJob, CheckpointOutcome, PrepareJob, Target};
 use crate::fence;
 use crate::node::{Agent, Cluster, PodInfo};
 use crate::status;
+
+/// How long a restore that finds no room on the node's disk tries again.
+const NO_ROOM_RETRY: Duration = Duration::from_secs(30);
 
 impl KubeCluster {
     /// Runs a `PodCheckpoint` whose source pod is on this node (a worker thread).

@@ -80,6 +80,18 @@ pub fn checkpoint_stopped(
     .expect("checkpoint")
 }
 
+/// The final-checkpoint request a stopping container's runtime sends for container `id`: 30 s
+/// to answer, answered after the upload, not held. Tests change the fields they need.
+pub fn stop_request(id: &str) -> stasis_node_api::FinalCheckpointRequest {
+    stasis_node_api::FinalCheckpointRequest {
+        container_id: id.into(),
+        pod: stasis_node_api::PodRef::default(),
+        deadline_ms: 30_000,
+        answer_when_captured: false,
+        hold_until_stopped: false,
+    }
+}
+
 /// The preparation of checkpoint `reference` for the app container of pod `pod_uid`, whose
 /// bundle `b` carries the image digest the checkpoint recorded.
 pub fn prepare_job(reference: &str, pod_uid: &str, b: &Path) -> PrepareJob {

@@ -153,7 +153,7 @@ impl Ctx {
                 )
                 .is_some_and(|p| p == file) =>
             {
-                self.served_again(id, &kind, &plan, &file)
+                self.served_again(id, &kind, &plan.plan.checkpoint_ref, &file)
             }
             Lookup::Found { plan, file } => (plan, file),
             Lookup::Missing {
@@ -173,44 +173,53 @@ impl Ctx {
                 },
             ),
         };
-        let ckpt = Some(pf.plan.checkpoint_ref.clone());
-        let verdict = decide::accept(&pf, id, &kind, now_ms(), &image_facts(&pf.plan));
-        // A plan is used once, accepted or not: no restore loops.
-        if let Some(f) = &file {
-            if planfile::consume(f).is_err() {
-                self.cold(
-                    id,
-                    &kind,
-                    Cold::doubt(
-                        ColdStartCause::PlanRefused,
-                        "the plan was taken by another create".into(),
-                        ckpt,
-                    ),
-                );
-            }
-        }
-        match verdict {
-            Ok(plan) => self.restore(id, c, &bundle, &kind, &plan),
-            Err(reason) => self.cold(
-                id,
-                &kind,
-                Cold::doubt(ColdStartCause::PlanRefused, reason, ckpt),
-            ),
-        }
+        let plan = self.take_plan(id, &kind, &pf, file.as_deref());
+        self.restore(id, c, &bundle, &kind, &plan)
     }
 
-    /// A lazy plan whose `criu lazy-pages` daemon is gone: its agent died after preparing it.
-    /// The next agent prepares it again (`inplace::wait_for_served_again`): the new plan, or the
-    /// cold start with the reason when none comes.
+    /// Checks a plan found for this container and consumes its file (a plan is used once,
+    /// accepted or not: no restore loops); a refused plan is a cold start with the reason.
+    fn take_plan(
+        &self,
+        id: &str,
+        kind: &ContainerKind,
+        pf: &PlanFile,
+        file: Option<&Path>,
+    ) -> stasis_node_api::Plan {
+        let ckpt = Some(pf.plan.checkpoint_ref.clone());
+        let verdict = decide::accept(pf, id, kind, now_ms(), &image_facts(&pf.plan));
+        if file.is_some_and(|f| planfile::consume(f).is_err()) {
+            self.cold(
+                id,
+                kind,
+                Cold::doubt(
+                    ColdStartCause::PlanRefused,
+                    "the plan was taken by another create".into(),
+                    ckpt,
+                ),
+            );
+        }
+        verdict.unwrap_or_else(|reason| {
+            self.cold(
+                id,
+                kind,
+                Cold::doubt(ColdStartCause::PlanRefused, reason, ckpt),
+            )
+        })
+    }
+
+    /// A lazy plan (at `file`) whose `criu lazy-pages` daemon is gone: its agent died after
+    /// preparing it. The next agent prepares it again (`inplace::wait_for_served_again`): the
+    /// new plan, or the cold start with the reason when none comes.
     fn served_again(
         &self,
         id: &str,
         kind: &ContainerKind,
-        stale: &PlanFile,
+        checkpoint_ref: &str,
         file: &Path,
     ) -> (PlanFile, Option<PathBuf>) {
         let pod = pod_of(kind);
-        let ckpt = stale.plan.checkpoint_ref.clone();
+        let ckpt = checkpoint_ref.to_owned();
         self.log(
             Level::Info,
             &format!(
@@ -254,52 +263,6 @@ impl Ctx {
                 ),
                 false,
             ),
-        }
-    }
-
-    /// After a lazy restore failed because its agent went away: the consumed plan is put back
-    /// (the next agent withdraws it and prepares the restore again), then waited for as a stale
-    /// plan is ([`inplace::wait_for_served_again`]). The new plan, accepted; `None`: none came,
-    /// or it is refused (the cold start then says why the first restore failed).
-    fn served_again_after_failure(
-        &self,
-        id: &str,
-        kind: &ContainerKind,
-        plan: &stasis_node_api::Plan,
-        why: &str,
-    ) -> Option<stasis_node_api::Plan> {
-        let pod = pod_of(kind);
-        let dir = self.cfg.plans_dir();
-        let path = planfile::path_for_pod(&dir, &pod.pod_uid, &pod.container_name)?;
-        let mut consumed = path.clone().into_os_string();
-        consumed.push(".consumed");
-        if !path.exists() && std::fs::rename(&consumed, &path).is_err() {
-            return None;
-        }
-        self.log(
-            Level::Info,
-            &format!(
-                "the restore of {} failed as the agent serving its memory went away ({why}): waiting for the next agent to serve it again",
-                plan.checkpoint_ref
-            ),
-        );
-        let waited = inplace::wait_for_served_again(
-            &dir,
-            &pod.pod_uid,
-            &pod.container_name,
-            lazy_daemon_listens,
-        );
-        // Used once, whatever came.
-        let taken = match &waited {
-            Waited::Plan { file, .. } => file.clone(),
-            _ => path,
-        };
-        let _ = planfile::consume(&taken);
-        match waited {
-            Waited::Plan { plan: pf, .. } => {
-                decide::accept(&pf, id, kind, now_ms(), &image_facts(&pf.plan)).ok()
-            }
-            _ => None,
         }
     }
 
@@ -487,11 +450,23 @@ impl Ctx {
             // The agent serving the memory went away while the restore connected to it (after
             // the plan's check: its watchdog removed the socket): its successor serves the
             // restore again, as for a plan found stale. Once.
+            let pod = pod_of(kind);
+            let taken =
+                planfile::path_for_pod(&self.cfg.plans_dir(), &pod.pod_uid, &pod.container_name);
             if plan.lazy
                 && !lazy_daemon_listens(plan)
                 && !LAZY_RETRIED.swap(true, std::sync::atomic::Ordering::SeqCst)
             {
-                if let Some(again) = self.served_again_after_failure(id, kind, plan, &why) {
+                if let Some(file) = taken.filter(|f| planfile::unconsume(f)) {
+                    self.log(
+                        Level::Info,
+                        &format!(
+                            "the restore of {} failed as the agent serving its memory went away ({why})",
+                            plan.checkpoint_ref
+                        ),
+                    );
+                    let (pf, file) = self.served_again(id, kind, &plan.checkpoint_ref, &file);
+                    let again = self.take_plan(id, kind, &pf, file.as_deref());
                     self.restore(id, c, bundle, kind, &again)
                 }
             }
@@ -643,8 +618,7 @@ fn lazy_daemon_listens(plan: &stasis_node_api::Plan) -> bool {
     plan.lazy_work_dir().join("lazy-pages.socket").exists()
 }
 
-/// A lazy restore is tried again at most once after its agent went away
-/// ([`Ctx::served_again_after_failure`]).
+/// A lazy restore is tried again at most once after its agent went away.
 static LAZY_RETRIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// What the plan's check needs to know of its image dir.
