@@ -49,6 +49,8 @@ fn state_env() -> String {
     format!("STATE_MB={}", state_mb())
 }
 
+const LAB_SECRET: [u8; 32] = [0x5a; 32];
+
 struct Lab {
     w: World,
     rt: tokio::runtime::Runtime,
@@ -73,7 +75,9 @@ impl Lab {
             std::env::set_var(k, v);
         }
         let rt = runtime();
-        let key = Key::random();
+        // One key for every lab (each has its own bucket): the agent of a test may run in a
+        // process of its own ([`run_agent_process`]).
+        let key = Key::from_secret(&LAB_SECRET);
         let store = rt
             .block_on(async { Store::open("s3://ckpts/node-lazy") })
             .unwrap();
@@ -616,4 +620,244 @@ fn a_lazy_restore_whose_agent_died_during_the_restore_is_served_again() {
         "nmid-b",
         &["went away", "waiting for the next agent"],
     );
+}
+
+/// The environment variable that makes this test binary the agent of
+/// [`a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory`], in a process
+/// of its own: the world's dir, its runc root, the checkpoint, the pod's uid and its bundle, one
+/// per line.
+const AGENT_PROCESS_ENV: &str = "STASIS_IT_LAZY_AGENT";
+
+/// The agent in a process of its own: once told (a line on stdin: its parent has put it into
+/// the cgroup of an agent's container), prepares the pod's restore, serves the node API and
+/// says `prepared <plan>`; then lives until killed.
+fn run_agent_process(spec: &str) -> ! {
+    let f: Vec<&str> = spec.lines().collect();
+    let [dir, runc_root, reference, uid, bundle] = f[..] else {
+        panic!("{AGENT_PROCESS_ENV}: {spec:?}");
+    };
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
+    let dir = Path::new(dir);
+    let rt = runtime();
+    let store = rt
+        .block_on(async { Store::open("s3://ckpts/node-lazy") })
+        .unwrap();
+    let exec = executor_in(
+        dir,
+        Path::new(runc_root),
+        &rt,
+        store,
+        Key::from_secret(&LAB_SECRET),
+        dir.join("images"),
+    );
+    exec.set_lazy_restore(LazyRestore::Auto);
+    let prepared = exec
+        .prepare(&prepare_job(reference, uid, Path::new(bundle)))
+        .expect("prepare");
+    let _server = AgentServer::start_at(dir.join("run/agent.sock"), &exec);
+    // Not `println!`: the test harness may capture that.
+    let said = format!("prepared {}\n", prepared.plan_path.display());
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    out.write_all(said.as_bytes())
+        .and_then(|()| out.flush())
+        .unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// A cgroup standing for the agent's container: its runtime ends the container by killing
+/// every process left in it (`runc kill --all`). The `pids` hierarchy of cgroup v1, or a child of
+/// the unified hierarchy's root.
+struct ContainerCgroup(PathBuf);
+
+impl ContainerCgroup {
+    fn create(name: &str) -> Option<ContainerCgroup> {
+        let parent = [
+            Path::new("/sys/fs/cgroup/pids"),
+            Path::new("/sys/fs/cgroup"),
+        ]
+        .into_iter()
+        .find(|p| p.join("cgroup.procs").exists())?;
+        let dir = parent.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(ContainerCgroup(dir))
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.0.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .collect()
+    }
+
+    /// Kills every process in it until none is left; the pids killed.
+    fn kill_all(&self) -> Vec<i32> {
+        let mut killed = Vec::new();
+        wait_for("the container's cgroup to empty", 10, || {
+            let pids = self.pids();
+            for &p in &pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::SIGKILL,
+                );
+            }
+            killed.extend(
+                pids.iter()
+                    .filter(|p| !killed.contains(*p))
+                    .collect::<Vec<_>>(),
+            );
+            pids.is_empty()
+        });
+        killed
+    }
+}
+
+impl Drop for ContainerCgroup {
+    fn drop(&mut self) {
+        self.kill_all();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The agent's container ends (stasisd killed, its runtime kills what is left in its cgroups)
+/// after the replacement was restored and before its memory has all arrived (soak finding: the
+/// `criu lazy-pages` daemon, holding the userfaultfds, and the watchdog died with the agent; the
+/// counter then read the pages not yet arrived as zeros and said `state=CORRUPT`, and later
+/// checkpoints carried that on). The agent runs in a process of its own, in a cgroup of its
+/// own; it is stopped (SIGSTOP) as soon as the restore returns, so that the transfer is
+/// certainly not done, the counter is made to read all of its state (it waits for the pages
+/// held back), and then every process in the agent's cgroup is killed. The processes serving
+/// the memory, moved out of the agent's cgroups by the wrapper, end the container before the
+/// daemon: it never runs on wrong memory.
+#[test]
+fn a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory() {
+    let test = "a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory";
+    if let Ok(spec) = std::env::var(AGENT_PROCESS_ENV) {
+        run_agent_process(&spec);
+    }
+    let Some(mut lab) = Lab::new(test, "node-died-late") else {
+        return;
+    };
+    let Some(cgroup) = ContainerCgroup::create("stasis-it-agent") else {
+        let why = "cannot make a cgroup for the agent (no writable /sys/fs/cgroup/pids or cgroup2)";
+        assert!(std::env::var_os("CI").is_none(), "{test}: {why}");
+        eprintln!("SKIP {test}: {why}");
+        return;
+    };
+    let (before, reference) = lab.checkpointed_counter("nlate-a");
+    let uid = "uid-late-1";
+    let b = pod_bundle(
+        &lab.w,
+        "b-late",
+        &[&state_env(), "INTERVAL_MS=50"],
+        uid,
+        "counter-b",
+    );
+    let spec = [
+        lab.w.dir.path().to_str().unwrap(),
+        lab.w.runc_root.to_str().unwrap(),
+        &reference,
+        uid,
+        b.to_str().unwrap(),
+    ]
+    .join("\n");
+    let mut agent = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(AGENT_PROCESS_ENV, spec)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    cgroup.add(agent.id());
+    let agent_pid = nix::unistd::Pid::from_raw(agent.id() as i32);
+    {
+        use std::io::Write;
+        writeln!(agent.stdin.take().unwrap(), "go").unwrap();
+    }
+    let plan_path = {
+        use std::io::BufRead;
+        std::io::BufReader::new(agent.stdout.take().unwrap())
+            .lines()
+            .map_while(Result::ok)
+            // After the harness's `test NAME ... ` on the same line.
+            .find_map(|l| l.split_once("prepared ").map(|(_, p)| PathBuf::from(p)))
+            .expect("the agent process prepared the restore")
+    };
+    let work = plan_of(&plan_path).lazy_work_dir();
+    assert!(plan_of(&plan_path).lazy);
+
+    // The agent stops as soon as the restore has returned.
+    let stopper = {
+        let outcome = work.join(".lazy-outcome");
+        std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_secs(120);
+            while !outcome.exists() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            nix::sys::signal::kill(agent_pid, nix::sys::signal::SIGSTOP).unwrap();
+            std::fs::read_to_string(&outcome).unwrap_or_default()
+        })
+    };
+    let id = "nlate-b";
+    let rx = wrapper_create_start(&mut lab.w, &b, id);
+    let outcome = stopper.join().unwrap();
+    let log = || std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
+    assert_eq!(outcome.trim(), "restored", "log: {}", log());
+    let daemon = lazy_daemon_in(&work)
+        .expect("the transfer was done before the agent stopped: nothing left to lose");
+
+    // The counter reads all of its state: it waits for the pages the stopped agent holds back.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lab.w.pid(id)),
+        nix::sys::signal::SIGUSR1,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let killed = cgroup.kill_all();
+    let _ = agent.wait();
+    let running = || {
+        let st = lab.w.runc_output(&["state", id]);
+        st.status.success() && String::from_utf8_lossy(&st.stdout).contains("\"running\"")
+    };
+    let ended = (0..300).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        !running()
+    });
+    let ended_ms = t.elapsed().as_millis();
+    let stdout: Vec<String> = rx.try_iter().collect();
+    let stderr = std::fs::read_to_string(lab.w.path(&format!("{id}.stderr"))).unwrap_or_default();
+    eprintln!(
+        "agent's container killed ({} processes) mid-transfer: the restored container ended after {ended_ms} ms",
+        killed.len()
+    );
+    assert!(
+        !stdout.iter().any(|l| l.contains("CORRUPT")) && !stderr.contains("CORRUPT"),
+        "the workload ran on wrong memory: {stdout:?} {stderr}"
+    );
+    // What it printed before it waited continued the checkpoint's count.
+    assert!(
+        stdout
+            .iter()
+            .filter_map(|l| count_of(l))
+            .all(|c| c > before),
+        "{stdout:?} after {before}"
+    );
+    assert!(
+        ended,
+        "the restored container still runs, its memory never to arrive"
+    );
+    assert!(
+        !killed.contains(&daemon),
+        "the daemon was in the agent's cgroup when it ended"
+    );
+    wait_for("the daemon's end", 30, || lazy_daemon_in(&work).is_none());
 }

@@ -13,6 +13,7 @@
 //! The engine writes and reads a checkpoint *image directory* (layout in [`image`]); moving it
 //! to and from a store is the store's job.
 
+pub mod cgroup;
 pub mod checkpoint;
 pub mod containerd;
 pub mod cuda;

@@ -132,12 +132,25 @@ pub fn executor_with_images(
     key: Key,
     images_dir: PathBuf,
 ) -> Arc<Executor> {
+    executor_in(w.dir.path(), &w.runc_root, rt, store, key, images_dir)
+}
+
+/// [`executor_with_images`] on the directories of the world in `dir` whose runc root is
+/// `runc_root` (from another process than the world's).
+pub fn executor_in(
+    dir: &Path,
+    runc_root: &Path,
+    rt: &tokio::runtime::Runtime,
+    store: Store,
+    key: Key,
+    images_dir: PathBuf,
+) -> Arc<Executor> {
     Arc::new(Executor::new(
         ExecutorConfig {
-            runc_root: w.runc_root.clone(),
-            work_dir: w.path("work"),
+            runc_root: runc_root.to_path_buf(),
+            work_dir: dir.join("work"),
             images_dir,
-            plans_dir: w.run_dir().join("plans"),
+            plans_dir: dir.join("run/plans"),
             node_name: "test-node".into(),
             plan_ttl: Duration::from_secs(600),
             tcp_established: true,
@@ -282,7 +295,11 @@ pub struct AgentServer {
 
 impl AgentServer {
     pub fn start(w: &World, exec: &Arc<Executor>) -> Self {
-        let sock = w.run_dir().join("agent.sock");
+        Self::start_at(w.run_dir().join("agent.sock"), exec)
+    }
+
+    /// The server on `sock`.
+    pub fn start_at(sock: PathBuf, exec: &Arc<Executor>) -> Self {
         let listener = stasis_node_api::server::bind(&sock).unwrap();
         let agent = Arc::new(Agent {
             exec: exec.clone(),

@@ -41,7 +41,9 @@ use super::{ContainerRestore, Restored};
 use crate::error::EngineError;
 
 pub use pagemap::PageMap;
-pub use procs::{announce, announce_outcome, announced, Announcement, KillTarget};
+pub use procs::{
+    adopt_helpers, announce, announce_outcome, announced, helpers_alive, Announcement, KillTarget,
+};
 pub use server::{serve_lazy, LazyCancel, LazyServer};
 
 /// Where a lazy restore's files come from: the checkpoint's files as lists of chunks, each

@@ -187,6 +187,65 @@ const TARGET_FILE: &str = ".lazy-target";
 /// The file that says how its `runc restore` ended (`restored` or `failed`).
 const OUTCOME_FILE: &str = ".lazy-outcome";
 
+/// The file that names the processes serving a lazy restore whose container another process
+/// restores ([`KillTarget::Announced`]): the daemon and the watchdog, one pid per line.
+const HELPERS_FILE: &str = ".lazy-helpers";
+
+/// Names the processes serving the restore with the work dir `dir`, for [`adopt_helpers`].
+pub(super) fn record_helpers(dir: &Path, pids: &[i32]) -> std::io::Result<()> {
+    let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+    write_replacing(&dir.join(HELPERS_FILE), &text)
+}
+
+/// The processes [`record_helpers`] named for `dir`, each checked to be the one named (it has
+/// `dir` among its arguments: a pid reused by another process is not it). An error says which
+/// one is gone.
+fn helpers(dir: &Path) -> Result<Vec<i32>, String> {
+    let raw = std::fs::read_to_string(dir.join(HELPERS_FILE)).map_err(|e| {
+        format!(
+            "no process serving the restore is named in {} ({e})",
+            dir.display()
+        )
+    })?;
+    let pids: Vec<i32> = raw.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    if pids.is_empty() {
+        return Err(format!(
+            "no process serving the restore is named in {}",
+            dir.display()
+        ));
+    }
+    let serves = |pid: i32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            c.split(|b| *b == 0)
+                .any(|a| a == dir.as_os_str().as_encoded_bytes())
+        })
+    };
+    match pids.iter().find(|p| !serves(**p)) {
+        Some(gone) => Err(format!("process {gone} serving the restore is gone")),
+        None => Ok(pids),
+    }
+}
+
+/// Whether every process serving the restore with the work dir `dir` still runs.
+pub fn helpers_alive(dir: &Path) -> bool {
+    helpers(dir).is_ok()
+}
+
+/// Moves the processes serving the restore with the work dir `dir` (the `criu lazy-pages`
+/// daemon, which holds the userfaultfds, and the watchdog, which holds the page server's
+/// socket) into the caller's cgroups, out of the agent's container: there they die with the
+/// agent (its runtime kills every process left in its cgroups), the daemon's userfaultfds close
+/// and the pages that had not arrived read as zeros. Outside, the watchdog sees the agent gone
+/// and ends the container first. Called by the wrapper before `runc restore --lazy-pages`.
+pub fn adopt_helpers(dir: &Path) -> Result<(), String> {
+    for pid in helpers(dir)? {
+        crate::cgroup::move_into_own_cgroups(pid).map_err(|e| {
+            format!("cannot move process {pid} serving the restore out of the agent's cgroups: {e}")
+        })?;
+    }
+    Ok(())
+}
+
 /// A container restored lazily by another process (announced in the work dir).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announcement {
@@ -291,6 +350,35 @@ fn kill_restoring_tasks(parent: i32) {
     }
 }
 
+/// The watchdog of a container announced in the work dir `$0` (the daemon: `$1`), in `sh`
+/// (busybox's in the agent's image). Told nothing (the agent died): no restore may connect any
+/// more (the socket goes first); a `runc restore` of the announced container still running
+/// cannot get the pages it waits for (CRIU's restorer touches lazy pages itself), so CRIU and
+/// the tasks it restores (the children and grandchildren of the wrapper's `runc restore`) are
+/// killed until the wrapper records the outcome, and runc reports the restore failed; a
+/// container restored is killed. Only then the daemon, so that no page is read as zeros.
+const ANNOUNCED_WATCHDOG: &str = r#"read x; [ "$x" = done ] && exit 0
+rm -f "$0/lazy-pages.socket"
+restoring() {
+  read -r _ rc _ rp _ < "/proc/$1/stat" 2>/dev/null && [ "$rc" = "(runc)" ] && [ "$rp" = "$w" ] &&
+    tr '\0' '\n' < "/proc/$1/cmdline" | grep -qx restore
+}
+if [ -f "$0/.lazy-target" ]; then
+  w=$(sed -n 4p "$0/.lazy-target")
+  while [ ! -f "$0/.lazy-outcome" ] && kill -0 "$w" 2>/dev/null; do
+    for s in /proc/[0-9]*/stat; do
+      read -r p _ _ pp _ < "$s" 2>/dev/null || continue
+      if restoring "$pp"; then kill -KILL "$p"; continue; fi
+      read -r _ _ _ gp _ < "/proc/$pp/stat" 2>/dev/null && restoring "$gp" && kill -KILL "$p"
+    done
+    sleep 0.1
+  done
+  if [ "$(cat "$0/.lazy-outcome" 2>/dev/null)" = restored ]; then
+    { read r; read root; read id; } < "$0/.lazy-target" && "$r" --root "$root" kill "$id" KILL
+  fi
+fi
+kill -KILL "$1""#;
+
 /// A process in a session of its own that holds the page server's socket and kills the
 /// container unless told that the transfer ended: if this process dies mid-transfer, the
 /// daemon keeps waiting on the socket (no page is zero-filled) until the container is dead.
@@ -322,13 +410,7 @@ impl Watchdog {
                 ],
             ),
             KillTarget::Announced { dir } => (
-                "read x; [ \"$x\" = done ] && exit 0; rm -f \"$0/lazy-pages.socket\"; \
-                 if [ -f \"$0/.lazy-target\" ]; then \
-                   while [ ! -f \"$0/.lazy-outcome\" ] && kill -0 \"$(sed -n 4p \"$0/.lazy-target\")\" 2>/dev/null; do sleep 0.1; done; \
-                   if [ \"$(cat \"$0/.lazy-outcome\" 2>/dev/null)\" = restored ]; then \
-                     { read r; read root; read id; } < \"$0/.lazy-target\" && \"$r\" --root \"$root\" kill \"$id\" KILL; \
-                   fi; \
-                 fi; kill -KILL \"$1\"",
+                ANNOUNCED_WATCHDOG,
                 vec![dir.clone().into(), daemon.to_string().into()],
             ),
         };
@@ -356,6 +438,11 @@ impl Watchdog {
         })
     }
 
+    /// The watchdog's pid, while it runs.
+    pub(super) fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     pub(super) fn done(&mut self) {
         if let Some(mut t) = self.tell.take() {
             let _ = t.write_all(b"done\n");
@@ -369,7 +456,106 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
     use std::time::{Duration, Instant};
+
+    /// The agent dies while the announced container's `runc restore` still runs: that restore
+    /// cannot get its pages (it would wait forever), so the watchdog kills what runs below the
+    /// restoring `runc` (CRIU and its tasks; here a `sleep`) until the outcome is recorded, then
+    /// the daemon. A `runc` not restoring (the wrapper's cold start) is left alone.
+    #[test]
+    fn the_watchdog_ends_a_restore_in_progress_when_its_starter_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        // A stand-in `runc` (the kernel names a script's process after the script): its child
+        // stands for CRIU; it prints that child's pid and waits for it.
+        let runc = bin.join("runc");
+        std::fs::write(&runc, "#!/bin/sh\nsleep 60 &\necho $!\nwait\n").unwrap();
+        std::fs::set_permissions(&runc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let start = |verb: &str| {
+            let mut c = Command::new(&runc)
+                .arg(verb)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(c.stdout.take().unwrap()),
+                &mut line,
+            )
+            .unwrap();
+            (c, line.trim().parse::<i32>().unwrap())
+        };
+        let (mut restoring, criu) = start("restore");
+        let (mut creating, init) = start("create");
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        let r = Runc {
+            binary: runc.clone(),
+            root: dir.path().join("root"),
+        };
+        announce(&work, &r, "c1", std::process::id() as i32).unwrap();
+        let mut daemon = Command::new("sleep").arg("60").spawn().unwrap();
+        let (sock, _peer) = UnixStream::pair().unwrap();
+        let target = KillTarget::Announced { dir: work.clone() };
+        let mut dog = Watchdog::start(&target, &sock, daemon.id() as i32).unwrap();
+        drop(dog.tell.take());
+
+        let alive = |pid: i32| {
+            std::path::Path::new(&format!("/proc/{pid}")).exists()
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                })
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        let restore_ended = loop {
+            if let Some(st) = restoring.try_wait().unwrap() {
+                break Some(st);
+            }
+            if Instant::now() > until {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let cold_start_lives = alive(init);
+        // The daemon waits for the outcome (the restore's process, this one, still runs).
+        let daemon_waited = daemon.try_wait().unwrap().is_none();
+        announce_outcome(&work, false).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        let daemon_ended = loop {
+            if daemon.try_wait().unwrap().is_some() {
+                break true;
+            }
+            if Instant::now() > until {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        for c in [&mut creating, &mut restoring, &mut daemon] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::SIGKILL);
+        if let Some(mut c) = dog.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!(
+            restore_ended.is_some() && !alive(criu),
+            "the restore in progress was not ended ({restore_ended:?})"
+        );
+        assert!(
+            cold_start_lives,
+            "the watchdog killed a runc that does not restore"
+        );
+        assert!(
+            daemon_waited,
+            "the daemon was killed before the restore's outcome"
+        );
+        assert!(daemon_ended, "the daemon was not ended after the outcome");
+    }
 
     /// The process that started the watchdog dies (its end of the pipe closes without "done"):
     /// the watchdog must see it and end the daemon, which would otherwise wait forever.

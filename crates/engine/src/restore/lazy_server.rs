@@ -17,7 +17,7 @@ use tracing::warn;
 
 use super::files::Files;
 use super::pagemap::PageMap;
-use super::procs::{start_daemon, KillTarget, Killer, Watchdog};
+use super::procs::{record_helpers, start_daemon, KillTarget, Killer, Watchdog};
 use super::{no_userfaultfd, refused, xfer, ChunkSource, LazyOptions, LazyReport};
 use crate::error::EngineError;
 
@@ -119,6 +119,11 @@ pub fn serve_lazy(
     let log = work.join("lazy-pages.log");
     let daemon = start_daemon(&root.join("criu"), work, &log, theirs)?;
     let watchdog = Watchdog::start(&target, &ours, daemon.id() as i32)?;
+    if let KillTarget::Announced { dir } = &target {
+        let pids = [Some(daemon.id() as i32), watchdog.pid()];
+        record_helpers(dir, &pids.into_iter().flatten().collect::<Vec<_>>())
+            .map_err(EngineError::io(dir))?;
+    }
     let server = {
         let (files, maps) = (files.clone(), maps);
         let killer = Killer {

@@ -404,7 +404,16 @@ impl Ctx {
             runc.env(stasis_engine::sockets::CRIU_CONFIG_ENV, &conf.path);
         }
         let lazy = plan.lazy.then_some(work.as_path());
-        if let Some(dir) = lazy {
+        // The processes serving its memory (`criu lazy-pages`, holding the userfaultfds, and
+        // the watchdog) were started in the agent's container: moved into this process's
+        // cgroups they outlive the agent, whose death would otherwise close the userfaultfds
+        // and leave the pages not yet arrived to read as zeros.
+        let adopted = match lazy {
+            Some(dir) => lazy::adopt_helpers(dir)
+                .map_err(|e| format!("the service of its memory cannot outlive the agent ({e})")),
+            None => Ok(()),
+        };
+        if let (Some(dir), Ok(())) = (lazy, &adopted) {
             // The agent's page server ends this container if its memory cannot arrive: it
             // must know which one, and whether `runc restore` still runs.
             let runc = stasis_engine::runc::Runc {
@@ -426,19 +435,20 @@ impl Ctx {
                 );
             }
         }
-        let status = runc.args(&args).status();
-        if let Some(dir) = lazy {
-            let _ = lazy::announce_outcome(dir, matches!(&status, Ok(s) if s.success()));
+        let status = adopted.map(|()| runc.args(&args).status());
+        if let (Some(dir), Ok(status)) = (lazy, &status) {
+            let _ = lazy::announce_outcome(dir, matches!(status, Ok(s) if s.success()));
         }
         let failure = match status {
-            Ok(s) if s.success() => self.resume_gpu(id, c, &bundle.dir, plan).err(),
-            Ok(s) => Some(format!(
+            Err(why) => Some(why),
+            Ok(Ok(s)) if s.success() => self.resume_gpu(id, c, &bundle.dir, plan).err(),
+            Ok(Ok(s)) => Some(format!(
                 "runc restore failed ({s}){}",
                 criu_errors(&work.join("restore.log"))
                     .map(|e| format!(": {e}"))
                     .unwrap_or_default()
             )),
-            Err(e) => Some(format!("cannot run {}: {e}", self.real.display())),
+            Ok(Err(e)) => Some(format!("cannot run {}: {e}", self.real.display())),
         };
         if let Some(why) = failure {
             let _ = Command::new(&self.real)
@@ -612,10 +622,12 @@ impl Ctx {
     }
 }
 
-/// Whether the agent's `criu lazy-pages` daemon listens for a lazy plan's restore (its socket is
-/// in the plan's work dir; the agent's watchdog removes it when the agent dies).
+/// Whether the agent's `criu lazy-pages` daemon listens for a lazy plan's restore: its socket is
+/// in the plan's work dir (the agent's watchdog removes it when the agent dies), and the
+/// processes serving the restore run (a container's end kills the watchdog too).
 fn lazy_daemon_listens(plan: &stasis_node_api::Plan) -> bool {
-    plan.lazy_work_dir().join("lazy-pages.socket").exists()
+    let work = plan.lazy_work_dir();
+    work.join("lazy-pages.socket").exists() && lazy::helpers_alive(&work)
 }
 
 /// A lazy restore is tried again at most once after its agent went away.
