@@ -736,7 +736,10 @@ impl Drop for ContainerCgroup {
 /// certainly not done, the counter is made to read all of its state (it waits for the pages
 /// held back), and then every process in the agent's cgroup is killed. The processes serving
 /// the memory, moved out of the agent's cgroups by the wrapper, end the container before the
-/// daemon: it never runs on wrong memory.
+/// daemon: it never runs on wrong memory. The runc path the wrapper names is gone by then (in a
+/// cluster it is the node's path, absent from the agent's container: the watchdog's `runc kill`
+/// failed there and the soak's counter ran on zeros): the watchdog kills with its own runc. The
+/// kubelet's restart of the container then asks the next agent to restore the checkpoint again.
 #[test]
 fn a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory() {
     let test = "a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory";
@@ -807,10 +810,22 @@ fn a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory() {
         })
     };
     let id = "nlate-b";
+    let wrapper_runc = lab.w.path("runc");
+    std::os::unix::fs::symlink(
+        stasis_engine::tools::which("runc").expect("runc"),
+        &wrapper_runc,
+    )
+    .unwrap();
+    std::env::set_var(WRAPPER_REAL_RUNC_ENV, &wrapper_runc);
     let rx = wrapper_create_start(&mut lab.w, &b, id);
     let outcome = stopper.join().unwrap();
-    let log = || std::fs::read_to_string(lab.w.path("log.json")).unwrap_or_default();
+    let log_file = lab.w.path("log.json");
+    let log = || std::fs::read_to_string(&log_file).unwrap_or_default();
     assert_eq!(outcome.trim(), "restored", "log: {}", log());
+    // The runc the wrapper named is not in the agent's mount namespace (the node's path; the
+    // agent reaches the node's runc through its own): here it goes away.
+    std::fs::remove_file(&wrapper_runc).unwrap();
+    std::env::remove_var(WRAPPER_REAL_RUNC_ENV);
     let daemon = lazy_daemon_in(&work)
         .expect("the transfer was done before the agent stopped: nothing left to lose");
 
@@ -860,4 +875,28 @@ fn a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory() {
         "the daemon was in the agent's cgroup when it ended"
     );
     wait_for("the daemon's end", 30, || lazy_daemon_in(&work).is_none());
+
+    // The kubelet restarts the container; the next agent comes up a second later. The create
+    // asks it to restore the checkpoint again, in place, and the count goes on from it.
+    let exec = lab.exec.clone();
+    let sock = lab.w.run_dir().join("agent.sock");
+    let _ = std::fs::remove_file(&sock);
+    let next = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        AgentServer::start_at(sock, &exec)
+    });
+    let t = Instant::now();
+    let rx = wrapper_create_start(&mut lab.w, &b, "nlate-c");
+    let _server = next.join().unwrap();
+    let first = first_count(&rx);
+    eprintln!(
+        "restarted after the agent's death: first count {first} after {before}, {} ms from the create",
+        t.elapsed().as_millis()
+    );
+    assert!(
+        first > before && first <= before + 3,
+        "first={first}, before={before}: not restored again; log: {}",
+        log()
+    );
+    assert_full_check(&lab.w, "nlate-c");
 }

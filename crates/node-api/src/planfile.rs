@@ -169,6 +169,20 @@ pub fn read_skip(path: &Path) -> Result<Option<Skip>, PlanFileError> {
     read_trusted(path)
 }
 
+/// Where the agent serves a pod container's lazy restore (the plan's `work_dir`): `lazy/<pod-uid>/
+/// <container-name>` beside the plans directory `dir` (on the run directory); `None` when either
+/// is empty or not a plain name.
+pub fn lazy_work_dir(dir: &Path, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
+    (safe_component(pod_uid) && safe_component(container_name))
+        .then(|| lazy_root(dir).join(pod_uid).join(container_name))
+}
+
+/// The directory of every lazy restore's work dir, beside the plans directory `dir`.
+pub fn lazy_root(dir: &Path) -> PathBuf {
+    dir.parent()
+        .map_or_else(|| dir.join("lazy"), |p| p.join("lazy"))
+}
+
 /// `<dir>/pod_<pod-uid>_<container-name>.pending`.
 pub fn path_for_pending(dir: &Path, pod_uid: &str, container_name: &str) -> Option<PathBuf> {
     path_for_pod_ext(dir, pod_uid, container_name, "pending")

@@ -76,9 +76,7 @@ impl ExecutorConfig {
     /// The work dirs of lazy restores (`/run/stasis/lazy`): beside the plans, on the run
     /// directory that the wrapper shares (a tmpfs on a node), not on the images' disk.
     pub fn lazy_dir(&self) -> PathBuf {
-        self.plans_dir
-            .parent()
-            .map_or_else(|| self.plans_dir.join("lazy"), |p| p.join("lazy"))
+        stasis_node_api::planfile::lazy_root(&self.plans_dir)
     }
 }
 

@@ -229,10 +229,17 @@ pub fn wrapper(w: &World, args: &[&str]) -> std::process::ExitStatus {
 }
 
 /// `stasis-runc` with the shim's global flags, on the world's run directory and runc root.
+/// Set in a test's process: the real runc of the `stasis-runc` it runs (otherwise runc on
+/// `PATH`).
+pub const WRAPPER_REAL_RUNC_ENV: &str = "STASIS_IT_WRAPPER_REAL_RUNC";
+
 fn wrapper_command(w: &World) -> Command {
     let mut c = Command::new(wrapper_binary().unwrap());
+    match std::env::var_os(WRAPPER_REAL_RUNC_ENV) {
+        Some(r) => c.env("STASIS_REAL_RUNC", r),
+        None => c.env_remove("STASIS_REAL_RUNC"),
+    };
     c.env("STASIS_RUN_DIR", w.run_dir())
-        .env_remove("STASIS_REAL_RUNC")
         .env_remove("STASIS_AGENT_SOCKET")
         .env_remove("STASIS_RUNC_PASSTHROUGH")
         .arg("--root")

@@ -42,7 +42,8 @@ use crate::error::EngineError;
 
 pub use pagemap::PageMap;
 pub use procs::{
-    adopt_helpers, announce, announce_outcome, announced, helpers_alive, Announcement, KillTarget,
+    adopt_helpers, announce, announce_outcome, announced, helpers_alive, take_killed, Announcement,
+    KillTarget,
 };
 pub use server::{serve_lazy, LazyCancel, LazyServer};
 

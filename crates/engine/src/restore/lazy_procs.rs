@@ -138,16 +138,7 @@ impl Killer {
                         Some(a) => match a.outcome {
                             None => (Some(a.pid), None),
                             Some(false) => break,
-                            Some(true) => (
-                                None,
-                                Some((
-                                    Runc {
-                                        binary: a.runc,
-                                        root: a.root,
-                                    },
-                                    a.id,
-                                )),
-                            ),
+                            Some(true) => (None, Some((a.killer_runc(), a.id))),
                         },
                     },
                 };
@@ -259,15 +250,44 @@ pub struct Announcement {
     pub outcome: Option<bool>,
 }
 
+impl Announcement {
+    /// The runc that ends the announced container from this process: its own (`$STASIS_RUNC`,
+    /// else on `PATH`: the agent's reaches the node's runc from its container, where the path
+    /// the wrapper runs need not exist), else the wrapper's; on the announced root.
+    fn killer_runc(&self) -> Runc {
+        Runc::new(Some(&self.root))
+            .ok()
+            .filter(|r| {
+                Command::new(&r.binary)
+                    .arg("--version")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .unwrap_or_else(|| Runc {
+                binary: self.runc.clone(),
+                root: self.root.clone(),
+            })
+    }
+}
+
 /// Names the container about to be restored with the work dir `dir` (before `runc restore`
-/// starts), so that the page server can end it if its memory cannot arrive. One line per field (the watchdog
-/// reads it with `sh`): runc, root, id, pid.
-pub fn announce(dir: &Path, runc: &Runc, id: &str, pid: i32) -> std::io::Result<()> {
+/// starts) from `checkpoint_ref`, so that the page server can end it if its memory cannot
+/// arrive. One line per field (the watchdog reads it with `sh`): runc, root, id, pid, checkpoint.
+pub fn announce(
+    dir: &Path,
+    runc: &Runc,
+    id: &str,
+    pid: i32,
+    checkpoint_ref: &str,
+) -> std::io::Result<()> {
     let fields = [
         runc.binary.to_string_lossy().into_owned(),
         runc.root.to_string_lossy().into_owned(),
         id.to_owned(),
         pid.to_string(),
+        checkpoint_ref.to_owned(),
     ];
     if fields.iter().any(|f| f.contains('\n')) {
         return Err(std::io::Error::new(
@@ -289,6 +309,22 @@ fn write_replacing(path: &Path, text: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
+}
+
+/// The file the watchdog leaves when it killed a restored container whose memory could not
+/// arrive (its agent died): the container's announcement.
+const KILLED_FILE: &str = ".lazy-killed";
+
+/// The checkpoint of a container restored with the work dir `dir` that the watchdog killed
+/// because its memory could not arrive, if any; the record is removed (it is acted on once).
+pub fn take_killed(dir: &Path) -> Option<String> {
+    let file = dir.join(KILLED_FILE);
+    let raw = std::fs::read_to_string(&file).ok()?;
+    let _ = std::fs::remove_file(&file);
+    raw.lines()
+        .nth(4)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned)
 }
 
 /// The container announced in `dir`, if any.
@@ -356,7 +392,9 @@ fn kill_restoring_tasks(parent: i32) {
 /// cannot get the pages it waits for (CRIU's restorer touches lazy pages itself), so CRIU and
 /// the tasks it restores (the children and grandchildren of the wrapper's `runc restore`) are
 /// killed until the wrapper records the outcome, and runc reports the restore failed; a
-/// container restored is killed. Only then the daemon, so that no page is read as zeros.
+/// container restored is killed, its announcement kept as `.lazy-killed` (the restarted
+/// container's create asks the next agent to restore it again: [`take_killed`]). Only then the
+/// daemon, so that no page is read as zeros.
 const ANNOUNCED_WATCHDOG: &str = r#"read x; [ "$x" = done ] && exit 0
 rm -f "$0/lazy-pages.socket"
 restoring() {
@@ -374,7 +412,16 @@ if [ -f "$0/.lazy-target" ]; then
     sleep 0.1
   done
   if [ "$(cat "$0/.lazy-outcome" 2>/dev/null)" = restored ]; then
-    { read r; read root; read id; } < "$0/.lazy-target" && "$r" --root "$root" kill "$id" KILL
+    cp "$0/.lazy-target" "$0/.lazy-killed"
+    { read r; read root; read id; } < "$0/.lazy-target"
+    # This process's runc (the agent's: the wrapper's path need not exist in its mount
+    # namespace), else the wrapper's; killed until runc finds it no longer running (5 s at most).
+    rc=${STASIS_RUNC:-$(command -v runc)}
+    "$rc" --version >/dev/null 2>&1 || rc=$r
+    n=0
+    while [ -n "$id" ] && [ $n -lt 50 ] && "$rc" --root "$root" kill "$id" KILL 2>/dev/null; do
+      n=$((n + 1)); sleep 0.1
+    done
   fi
 fi
 kill -KILL "$1""#;
@@ -495,7 +542,7 @@ mod tests {
             binary: runc.clone(),
             root: dir.path().join("root"),
         };
-        announce(&work, &r, "c1", std::process::id() as i32).unwrap();
+        announce(&work, &r, "c1", std::process::id() as i32, "ckpt-1").unwrap();
         let mut daemon = Command::new("sleep").arg("60").spawn().unwrap();
         let (sock, _peer) = UnixStream::pair().unwrap();
         let target = KillTarget::Announced { dir: work.clone() };

@@ -33,6 +33,7 @@ impl Ctx {
                 }
             }
         }
+        self.ask_again_after_lost_memory(id, kind);
         // A restart in place the agent is preparing: wait for its plan (bounded by its answer).
         let missing = |cause, reason| Lookup::Missing {
             cause,
@@ -206,6 +207,39 @@ impl Ctx {
                 Cold::doubt(ColdStartCause::PlanRefused, reason, ckpt),
             )
         })
+    }
+
+    /// The container this one restarts was restored lazily and killed because its memory could
+    /// not arrive (its agent died mid-transfer; the watchdog left the record in the work dir):
+    /// the next agent is asked to restore its checkpoint again, in place, as for a restore lost
+    /// before its container started, waiting for an agent to answer up to the bound of any
+    /// restart in place. Its `preparing` answer is the pending note the lookup then waits on;
+    /// without one the container starts cold as it would have.
+    fn ask_again_after_lost_memory(&self, id: &str, kind: &ContainerKind) {
+        let pod = pod_of(kind);
+        let Some(checkpoint_ref) =
+            planfile::lazy_work_dir(&self.cfg.plans_dir(), &pod.pod_uid, &pod.container_name)
+                .and_then(|dir| lazy::take_killed(&dir))
+        else {
+            return;
+        };
+        let what = format!(
+            "the container restored lazily from {checkpoint_ref} before {id} was ended as its agent died before all its memory arrived"
+        );
+        let until = Instant::now() + Duration::from_millis(stasis_node_api::MAX_PREPARE_WAIT_MS);
+        while !self.ask_in_place(id, kind, false, Some(checkpoint_ref.clone()), &what) {
+            if Instant::now() > until {
+                self.log(
+                    Level::Warning,
+                    &format!(
+                        "{what}; no agent answered within {} s",
+                        stasis_node_api::MAX_PREPARE_WAIT_MS / 1000
+                    ),
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
 
     /// A lazy plan (at `file`) whose `criu lazy-pages` daemon is gone: its agent died after
@@ -426,7 +460,13 @@ impl Ctx {
                     .unwrap_or(stasis_engine::runc::DEFAULT_ROOT)
                     .into(),
             };
-            if let Err(e) = lazy::announce(dir, &runc, id, std::process::id() as i32) {
+            if let Err(e) = lazy::announce(
+                dir,
+                &runc,
+                id,
+                std::process::id() as i32,
+                &plan.checkpoint_ref,
+            ) {
                 self.not_restored(
                     id,
                     kind,

@@ -151,11 +151,25 @@ impl Ctx {
             Some(c) => format!("{id} was deleted before it started, losing its restore from {c}"),
             None => format!("{id} was OOM-killed"),
         };
+        let _ = self.ask_in_place(id, &kind, oom_killed, restore_lost, &what);
+    }
+
+    /// Asks the agent for the restart in place of container `id` (`what` happened to it), and
+    /// records its `preparing` answer as the pending note the restart's `create` waits on.
+    /// `false`: no agent answered.
+    pub(super) fn ask_in_place(
+        &self,
+        id: &str,
+        kind: &ContainerKind,
+        oom_killed: bool,
+        restore_lost: Option<String>,
+        what: &str,
+    ) -> bool {
         let answer =
             self.client(Duration::from_millis(500))
                 .container_exited(ContainerExitedRequest {
                     container_id: id.to_owned(),
-                    pod: pod_of(&kind),
+                    pod: pod_of(kind),
                     oom_killed,
                     wait_for_plan: true,
                     restore_lost,
@@ -165,7 +179,7 @@ impl Ctx {
                 checkpoint_ref,
                 wait_ms,
             }) => {
-                let pod = pod_of(&kind);
+                let pod = pod_of(kind);
                 match inplace::record_pending(
                     &self.cfg.plans_dir(),
                     &pod.pod_uid,
@@ -192,11 +206,15 @@ impl Ctx {
                 Level::Info,
                 &format!("{what}; its restart starts cold: {reason}"),
             ),
-            Err(e) if e.is_no_agent() => {}
-            Err(e) => self.log(
-                Level::Warning,
-                &format!("{what}; no answer from the agent: {e}"),
-            ),
+            Err(e) if e.is_no_agent() => return false,
+            Err(e) => {
+                self.log(
+                    Level::Warning,
+                    &format!("{what}; no answer from the agent: {e}"),
+                );
+                return false;
+            }
         }
+        true
     }
 }
