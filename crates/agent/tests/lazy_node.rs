@@ -461,10 +461,15 @@ fn next_agent(
     let next = executor_on(&lab.w, &lab.rt, store, lab.key.clone());
     next.set_lazy_restore(LazyRestore::Auto);
     let (exec, job, uid) = (next.clone(), prepare_job(reference, uid, b), uid.to_owned());
+    let log = lab.w.path("log.json");
     let starting = std::thread::spawn(move || {
         when();
         let withdrawn = exec.withdraw_orphaned_lazy_plans(60_000);
-        assert!(withdrawn.contains(&uid), "{withdrawn:?}");
+        assert!(
+            withdrawn.contains(&uid),
+            "{withdrawn:?}; the wrapper's log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         exec.prepare(&job).expect("prepare again")
     });
     (next, starting)
@@ -601,6 +606,11 @@ fn a_lazy_restore_whose_agent_died_during_the_restore_is_served_again() {
     let (next, starting) = next_agent(&lab, &reference, uid, &b, move || {
         let consumed = stasis_node_api::planfile::consumed_path(&path);
         let until = Instant::now() + Duration::from_secs(30);
+        // Taken by the create first (before that, the plan is where a put-back one is too).
+        let taken = || consumed.exists();
+        while !taken() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let put_back = || path.exists() && !consumed.exists();
         while !put_back() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
