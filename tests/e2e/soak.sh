@@ -45,9 +45,6 @@
 #                                  cache is installed with 512 MiB: STASIS_CLUSTER_CHUNK_CACHE_BYTES)
 #   SOAK_MAX_S                     start no iteration after this many seconds (0: no limit)
 #   SOAK_RESULTS                   the per-iteration lines, appended (default: a file in the scratch dir)
-#   SOAK_KNOWN_DEFECTS (avoid)     avoid: the fault known to make a replacement start cold (the
-#                                  agent on the destination node during its restore)
-#                                  strike the source node instead, and say so; strike: as drawn
 #   SOAK_FAULTS, SOAK_PHASES       the faults taken in turn and the phases drawn from (default:
 #                                  all of them), e.g. SOAK_FAULTS=kubelet SOAK_PHASES=restore
 #   SOAK_TARGET (random)           in the restore phase, the node struck: source, destination or
@@ -65,7 +62,6 @@ WORK=$(mktemp -d /tmp/stasis-e2e-soak.XXXXXX)
 NS=e2e-soak APP=soak SNS=stasis-system
 ITERATIONS=${SOAK_ITERATIONS:-8}
 SEED=${SOAK_SEED:-$(( $(date +%s) % 32768 ))}
-KNOWN_DEFECTS=${SOAK_KNOWN_DEFECTS:-avoid}
 HOLD=${SOAK_HOLD_S:-12}
 STATE_MB=${SOAK_STATE_MB:-32}
 DISK_MB=${SOAK_DISK_MB:-2048}
@@ -351,18 +347,6 @@ for IT in $(seq 1 "$ITERATIONS"); do
   fi
   # (the controller and the S3 server are the cluster's, not a node's)
   case $F in controller | s3) T=- ;; esac
-  # Known defect (docs/benchmarks.md, "Soak under faults"): the agent killed on the destination
-  # node while its restore connects to the agent's lazy page server: the replacement can start
-  # cold. (The kubelet killed there is survived since the restore marker, the disk filled there
-  # since the restore's work dir moved to the run directory and a restore waits for room: both
-  # struck in `make test` too.) `make test` (SOAK_KNOWN_DEFECTS=avoid) strikes the source node
-  # then; `make soak` strikes it.
-  if [ "$KNOWN_DEFECTS" = avoid ] && [ "$PH" = restore ] && [ "$T" = "$D" ]; then
-    case $F in agent)
-      echo "# $IT: $F on the destination during its restore is a known defect (the replacement starts cold); SOAK_KNOWN_DEFECTS=avoid: the source node $N instead"
-      T=$N ;;
-    esac
-  fi
   # (one fault at a time: no iteration starts while a controller replica waits out the kubelet's
   # back-off from an earlier kill; with both replicas down the webhook fails open, by design)
   if ! controllers_ready; then
