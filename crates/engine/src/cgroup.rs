@@ -74,12 +74,17 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The directories of the cgroups this process is in (see [`cgroup_dirs`]).
+pub fn own_cgroup_dirs() -> std::io::Result<Vec<PathBuf>> {
+    let own = std::fs::read_to_string("/proc/self/cgroup")?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(cgroup_dirs(&own, &mountinfo))
+}
+
 /// Moves process `pid` (all its threads) into every cgroup this process is in. Every hierarchy
 /// is tried; the error names those that refused.
 pub fn move_into_own_cgroups(pid: i32) -> std::io::Result<()> {
-    let own = std::fs::read_to_string("/proc/self/cgroup")?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let dirs = cgroup_dirs(&own, &mountinfo);
+    let dirs = own_cgroup_dirs()?;
     if dirs.is_empty() {
         return Err(std::io::Error::other(
             "no cgroup hierarchy of this process is mounted here",

@@ -167,6 +167,8 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         }
     }));
 
+    checks.push(check("lazy restore", false, lazy_restore_check()));
+
     checks.push(check("gpu", false, gpu_check()));
 
     checks.push(check("runtime handler", false, {
@@ -217,6 +219,36 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(2)
     })
+}
+
+/// Whether a container can run before its memory has arrived here: userfaultfd, and the
+/// cgroups the runtime moves the page service into (the node's runtime wrapper runs as this
+/// command does: as root, outside any pod) are mounted and writable.
+fn lazy_restore_check() -> Result<String, (String, String)> {
+    if let Some(why) = stasis_engine::restore::lazy::no_userfaultfd() {
+        return Err((
+            format!("{why}: restores fetch all of a checkpoint before the workload runs"),
+            "use a kernel with CONFIG_USERFAULTFD, run as root".into(),
+        ));
+    }
+    let dirs = stasis_engine::cgroup::own_cgroup_dirs().unwrap_or_default();
+    let writable = |d: &PathBuf| {
+        nix::unistd::access(&d.join("cgroup.procs"), nix::unistd::AccessFlags::W_OK).is_ok()
+    };
+    match dirs.iter().find(|d| !writable(d)) {
+        _ if dirs.is_empty() => Err((
+            "no cgroup hierarchy of this process is mounted here: a lazy restore's page service cannot be moved out of the agent's container, and such restores start cold".into(),
+            "mount the cgroup hierarchies (/sys/fs/cgroup), or set the chart's agent.lazyRestore: off".into(),
+        )),
+        Some(d) => Err((
+            format!("{}/cgroup.procs is not writable: a lazy restore's page service cannot be moved out of the agent's container, and such restores start cold", d.display()),
+            "run as root with /sys/fs/cgroup writable, or set the chart's agent.lazyRestore: off".into(),
+        )),
+        None => Ok(format!(
+            "userfaultfd available; the page service can outlive the agent ({} cgroup hierarchies)",
+            dirs.len()
+        )),
+    }
 }
 
 fn gpu_check() -> Result<String, (String, String)> {

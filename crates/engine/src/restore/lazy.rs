@@ -259,7 +259,7 @@ fn refused(reason: &str) -> EngineError {
 
 /// Why this process can have no userfaultfd, if it can have none: no `/dev/userfaultfd`, and
 /// the syscall refused to it (`vm.unprivileged_userfaultfd` off for a non-root process).
-fn no_userfaultfd() -> Option<&'static str> {
+pub fn no_userfaultfd() -> Option<&'static str> {
     (!Path::new("/dev/userfaultfd").exists() && !uffd_sysctl_allows()).then_some(
         "this kernel offers no userfaultfd to this process (no /dev/userfaultfd, vm.unprivileged_userfaultfd off)",
     )
