@@ -82,7 +82,13 @@ P1=$(pod_on worker-1) P2=$(pod_on worker-2)
 check "Deployment spread across both nodes" test -n "$P1" -a -n "$P2"
 check "kubectl logs" bash -c "kubectl -n $NS logs $P1 | grep -q 'testapp serving on :8080'"
 check "kubectl exec" test "$(kubectl -n "$NS" exec "$P1" -- /testapp hostname 2>&1)" = "$P1"
-out=$(kubectl -n "$NS" exec "$P1" -- /testapp get http://target/ 2>&1)
+# (a Service just made is reached once kube-proxy has programmed its endpoints: a moment after
+# the pod is Ready, longer on a loaded machine, where a first try was refused)
+for _ in $(seq 30); do
+  out=$(kubectl -n "$NS" exec "$P1" -- /testapp get http://target/ 2>&1)
+  [ "$out" = "hello from target" ] && break
+  sleep 0.5
+done
 check "pod on worker-1 reaches pod on worker-2 through Service name 'target'" test "$out" = "hello from target"
 [ "$out" = "hello from target" ] || echo "# got: $out"
 out=$(kubectl -n "$NS" exec "$P1" -- /testapp get "http://target.$NS.svc.cluster.local/" 2>&1)
