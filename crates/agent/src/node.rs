@@ -124,9 +124,20 @@ fn relay(exec: &Executor, cluster: &dyn Cluster, req: &ReportRequest, delivery: 
     }
 }
 
-/// What a lost restore is, in the words of its Events.
-pub(crate) const RESTORE_LOST: &str =
-    "was deleted before it started (its create was given up), which lost its restore";
+impl InPlace {
+    /// What lost the restore, in the words of its Events (`None`: an OOM kill lost none).
+    pub(crate) fn lost_words(self) -> Option<&'static str> {
+        match self {
+            InPlace::OomKilled => None,
+            InPlace::RestoreLost => {
+                Some("was deleted before it started (its create was given up), which lost its restore")
+            }
+            InPlace::MemoryLost => Some(
+                "was ended while its memory was still arriving (the node's agent stopped during its lazy restore), which lost its restore",
+            ),
+        }
+    }
+}
 
 /// A restart in place that will not happen: the container starts cold, said once for either
 /// cause. A lost restore's cold start is reported as the wrapper reports one (its PodRestore
@@ -140,9 +151,9 @@ fn not_in_place(
     cause: InPlace,
     why: &NotInPlace,
 ) {
-    if cause == InPlace::OomKilled {
+    let Some(lost) = cause.lost_words() else {
         return cluster.restart_in_place(pod, container, cause, Err(why));
-    }
+    };
     exec.metrics.restore("cold_start");
     let req = ReportRequest {
         container_id: String::new(),
@@ -155,7 +166,7 @@ fn not_in_place(
         event: ReportEvent::ColdStart {
             cause: ColdStartCause::RestoreFailed,
             reason: format!(
-                "container {container} {RESTORE_LOST}, and it could not be prepared again: {why}"
+                "container {container} {lost}, and it could not be prepared again: {why}"
             ),
             checkpoint_ref: None,
         },
@@ -171,6 +182,9 @@ pub enum InPlace {
     /// Its create was given up after it had taken its restore (the kubelet or containerd died or
     /// timed out): the workload never ran from it, and the next create restores it again.
     RestoreLost,
+    /// It ran from a lazy restore and was ended because its memory could not arrive (the agent
+    /// serving it stopped): the next create restores it again.
+    MemoryLost,
 }
 
 /// No cluster: pods are known from the container annotations alone, each writes its own
@@ -640,6 +654,7 @@ impl NodeHandler for Agent {
     fn container_exited(&self, req: &ContainerExitedRequest) -> ResponseBody {
         // A lost restore first: the container never ran, whatever its memory cgroup says.
         let cause = match (&req.restore_lost, req.oom_killed) {
+            (Some(_), _) if req.memory_lost => InPlace::MemoryLost,
             (Some(_), _) => InPlace::RestoreLost,
             (None, true) => InPlace::OomKilled,
             (None, false) => {
@@ -654,7 +669,7 @@ impl NodeHandler for Agent {
             };
         };
         let name = req.pod.container_name.as_str();
-        if cause == InPlace::RestoreLost {
+        if cause != InPlace::OomKilled {
             // (before runc deletes the container, whose process a lazy restore still serves)
             self.exec.restore_lost(&pod.key.uid, name);
         }
@@ -684,6 +699,11 @@ impl NodeHandler for Agent {
                 container = %req.container_id, pod = %pod.key.name,
                 lost = req.restore_lost.as_deref().unwrap_or_default(), ?decision,
                 "a restored container was deleted before it started: its restore was lost"
+            ),
+            InPlace::MemoryLost => warn!(
+                container = %req.container_id, pod = %pod.key.name,
+                lost = req.restore_lost.as_deref().unwrap_or_default(), ?decision,
+                "a container restored lazily was ended as its memory could not arrive: its restore was lost"
             ),
         }
         match decision {

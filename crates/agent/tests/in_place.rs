@@ -117,6 +117,7 @@ fn oom_restart_in_place_through_the_chunk_cache_keeps_no_image_on_the_node() {
                 oom_killed: true,
                 wait_for_plan,
                 restore_lost: None,
+                memory_lost: false,
             })
             .expect("container_exited")
     };

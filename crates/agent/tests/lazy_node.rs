@@ -908,5 +908,10 @@ fn a_lazy_restore_whose_agent_died_mid_transfer_never_runs_on_wrong_memory() {
         "first={first}, before={before}: not restored again; log: {}",
         log()
     );
+    assert!(
+        log().contains("was ended as its agent died before all its memory arrived: the agent is preparing its restart in place"),
+        "the wrapper did not say why it asked again; log: {}",
+        log()
+    );
     assert_full_check(&lab.w, "nlate-c");
 }

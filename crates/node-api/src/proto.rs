@@ -87,6 +87,12 @@ pub struct ContainerExitedRequest {
     /// restore again. Absent from runtimes that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_lost: Option<String>,
+    /// With `restore_lost`: the container did run from that restore, and was ended because its
+    /// memory could not arrive (the node's agent stopped during its lazy restore). The restore
+    /// is lost the same way; only what the Events say differs. Absent from runtimes that
+    /// predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_lost: bool,
 }
 
 /// The longest a runtime's `create` waits for a restart in place being prepared, whatever the
@@ -418,6 +424,7 @@ mod tests {
                 oom_killed: true,
                 wait_for_plan: true,
                 restore_lost: None,
+                memory_lost: false,
             }),
             RequestBody::ContainerExited(ContainerExitedRequest {
                 container_id: "c".into(),
@@ -425,6 +432,7 @@ mod tests {
                 oom_killed: true,
                 wait_for_plan: false,
                 restore_lost: None,
+                memory_lost: false,
             }),
             RequestBody::ContainerExited(ContainerExitedRequest {
                 container_id: "c".into(),
@@ -432,6 +440,7 @@ mod tests {
                 oom_killed: false,
                 wait_for_plan: true,
                 restore_lost: Some("l/1".into()),
+                memory_lost: true,
             }),
         ]);
         for b in reqs {
@@ -529,6 +538,7 @@ mod tests {
                 oom_killed: true,
                 wait_for_plan: true,
                 restore_lost: None,
+                memory_lost: false,
             },
         )))
         .unwrap();

@@ -252,6 +252,7 @@ mod tests {
                 oom_killed: oom,
                 wait_for_plan,
                 restore_lost: None,
+                memory_lost: false,
             })
             .unwrap()
         };

@@ -125,8 +125,7 @@ impl KubeCluster {
     /// its checkpoint is prepared again for the next create (whose report turns the pod's
     /// PodRestore `Restored` as usual): a Normal Event says so. (When it cannot be prepared
     /// again, the node side reports the cold start as a wrapper's.)
-    fn restore_retried(&self, pod: &PodInfo, container: &str, checkpoint: &str) {
-        let lost = crate::node::RESTORE_LOST;
+    fn restore_retried(&self, pod: &PodInfo, container: &str, lost: &str, checkpoint: &str) {
         let msg = format!(
             "container {container} {lost}; {checkpoint} is prepared again for its next create"
         );
@@ -197,9 +196,9 @@ impl Cluster for KubeCluster {
         cause: InPlace,
         decision: std::result::Result<&str, &NotInPlace>,
     ) {
-        if cause == InPlace::RestoreLost {
+        if let Some(lost) = cause.lost_words() {
             if let Ok(checkpoint) = decision {
-                self.restore_retried(pod, container, checkpoint);
+                self.restore_retried(pod, container, lost, checkpoint);
             }
             return;
         }

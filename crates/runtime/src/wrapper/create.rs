@@ -227,7 +227,7 @@ impl Ctx {
             "the container restored lazily from {checkpoint_ref} before {id} was ended as its agent died before all its memory arrived"
         );
         let until = Instant::now() + Duration::from_millis(stasis_node_api::MAX_PREPARE_WAIT_MS);
-        while !self.ask_in_place(id, kind, false, Some(checkpoint_ref.clone()), &what) {
+        while !self.ask_in_place(id, kind, false, Some(checkpoint_ref.clone()), true, &what) {
             if Instant::now() > until {
                 self.log(
                     Level::Warning,

@@ -151,7 +151,7 @@ impl Ctx {
             Some(c) => format!("{id} was deleted before it started, losing its restore from {c}"),
             None => format!("{id} was OOM-killed"),
         };
-        let _ = self.ask_in_place(id, &kind, oom_killed, restore_lost, &what);
+        let _ = self.ask_in_place(id, &kind, oom_killed, restore_lost, false, &what);
     }
 
     /// Asks the agent for the restart in place of container `id` (`what` happened to it), and
@@ -163,6 +163,7 @@ impl Ctx {
         kind: &ContainerKind,
         oom_killed: bool,
         restore_lost: Option<String>,
+        memory_lost: bool,
         what: &str,
     ) -> bool {
         let answer =
@@ -173,6 +174,7 @@ impl Ctx {
                     oom_killed,
                     wait_for_plan: true,
                     restore_lost,
+                    memory_lost,
                 });
         match answer {
             Ok(ExitAnswer::Preparing {
