@@ -7,6 +7,7 @@
 //! wrapper that restores the container moves them into its own cgroups
 //! ([`crate::restore::lazy::adopt_helpers`]).
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// The directories of the cgroups a process is in, one per hierarchy, from its
@@ -46,32 +47,14 @@ pub fn cgroup_dirs(proc_cgroup: &str, mountinfo: &str) -> Vec<PathBuf> {
         let Some(rel) = Path::new(path).strip_prefix(root).ok() else {
             continue;
         };
-        dirs.push(Path::new(&unescape(point)).join(rel));
+        dirs.push(
+            Path::new(std::ffi::OsStr::from_bytes(
+                &crate::rootfs::unescape_mountinfo(point),
+            ))
+            .join(rel),
+        );
     }
     dirs
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The directories of the cgroups this process is in (see [`cgroup_dirs`]).

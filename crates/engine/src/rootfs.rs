@@ -67,7 +67,7 @@ pub fn detect_in(mountinfo: &str, rootfs: &Path) -> RootfsKind {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
+pub(crate) fn unescape_mountinfo(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

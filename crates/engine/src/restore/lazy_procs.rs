@@ -119,6 +119,8 @@ impl Killer {
 
     pub(super) fn kill(&self) {
         let deadline = Instant::now() + Duration::from_secs(120);
+        // Found once (it runs `runc --version`), not on every pass.
+        let mut own_runc: Option<Runc> = None;
         loop {
             // What to do now: kill the tasks of a `runc restore` in progress (below `parent`),
             // remove a restored container, or nothing more.
@@ -138,7 +140,13 @@ impl Killer {
                         Some(a) => match a.outcome {
                             None => (Some(a.pid), None),
                             Some(false) => break,
-                            Some(true) => (None, Some((a.killer_runc(), a.id))),
+                            Some(true) => (
+                                None,
+                                Some((
+                                    own_runc.get_or_insert_with(|| a.killer_runc()).clone(),
+                                    a.id,
+                                )),
+                            ),
                         },
                     },
                 };
