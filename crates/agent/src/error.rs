@@ -29,6 +29,9 @@ pub enum AgentError {
     Fenced(String),
     #[error("deadline passed: {0}")]
     Deadline(String),
+    /// A heartbeat whose upload a termination checkpoint of its pod stopped.
+    #[error("superseded: {0}")]
+    Superseded(String),
     #[error("key: {0}")]
     Key(#[from] crate::keys::KeyError),
     #[error("kubernetes: {0}")]
@@ -117,6 +120,7 @@ impl AgentError {
             AgentError::PodIncomplete(_) => "pod_incomplete",
             AgentError::Fenced(_) => "fenced",
             AgentError::Deadline(_) => "deadline",
+            AgentError::Superseded(_) => "superseded",
             AgentError::Key(_) => "key",
             AgentError::Kube(_) | AgentError::NoClient(_) => "kube",
             AgentError::KeyUnavailable(_) => "key",
@@ -150,6 +154,7 @@ impl AgentError {
             | AgentError::PodIncomplete(_)
             | AgentError::UnknownContainer(_)
             | AgentError::Fenced(_)
+            | AgentError::Superseded(_)
             | AgentError::Kube(_)
             | AgentError::NoClient(_)
             | AgentError::NoRoom { .. }

@@ -13,6 +13,7 @@
 //!
 //! docs/design.md §12 describes the agent.
 
+pub mod busy;
 pub mod checks;
 pub mod config;
 pub mod error;

@@ -126,7 +126,7 @@ impl Default for Metrics {
         );
         registry.register(
             "stasis_agent_checkpoints",
-            "Checkpoints by result (succeeded, failed, fenced, skipped; final_skipped: a final checkpoint that could not finish before its deadline).",
+            "Checkpoints by result (succeeded, failed, fenced, skipped; final_skipped: a final checkpoint that could not finish before its deadline; superseded: a heartbeat whose upload gave way to its pod's final checkpoint).",
             m.checkpoints.clone(),
         );
         registry.register(

@@ -1,10 +1,10 @@
-//! The agent's node side: the [`NodeHandler`] behind the socket, per-pod serialisation of
-//! checkpoints, and the [`Cluster`] seam through which it learns about pods and reports to the
+//! The agent's node side: the [`NodeHandler`] behind the socket (its checkpoints taken one at a
+//! time per pod, [`crate::busy`]), and the [`Cluster`] seam through which it learns about pods and reports to the
 //! API server (the Kubernetes implementation is `k8s::KubeCluster`; [`Standalone`] needs no
 //! cluster).
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
 
 use stasis_core::deadline::{Final, Skipped};
@@ -15,6 +15,7 @@ use stasis_node_api::{
 };
 use tracing::{info, warn};
 
+pub use crate::busy::{Busy, BusyGuard};
 use crate::error::{AgentError, Result};
 use crate::executor::{
     CheckpointJob, CheckpointOutcome, Executor, KeptLatest, NotInPlace, OutOfStep, PodLayout,
@@ -240,79 +241,6 @@ impl Cluster for Standalone {
     }
 }
 
-/// Pods with a checkpoint in progress: one at a time per pod. A waiter sleeps on a condition
-/// variable until a checkpoint ends, not in a poll.
-#[derive(Debug, Default)]
-pub struct Busy {
-    pods: Mutex<HashSet<String>>,
-    freed: Condvar,
-}
-
-pub struct BusyGuard<'a> {
-    set: &'a Busy,
-    uid: String,
-}
-
-impl Busy {
-    fn pods(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.pods.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn try_take(&self, uid: &str) -> Option<BusyGuard<'_>> {
-        self.pods().insert(uid.to_owned()).then(|| BusyGuard {
-            set: self,
-            uid: uid.to_owned(),
-        })
-    }
-
-    /// Takes the pod once its checkpoint in progress (if any) ended; `None` at `deadline`.
-    pub fn take_by(&self, uid: &str, deadline: Instant) -> Option<BusyGuard<'_>> {
-        let mut pods = self.pods();
-        loop {
-            if pods.insert(uid.to_owned()) {
-                return Some(BusyGuard {
-                    set: self,
-                    uid: uid.to_owned(),
-                });
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            pods = self
-                .freed
-                .wait_timeout(pods, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    pub fn is_busy(&self, uid: &str) -> bool {
-        self.pods().contains(uid)
-    }
-
-    /// Waits until no checkpoint is in progress (its upload and record included), at most until
-    /// `deadline`; the pods still busy then (none: all ended).
-    pub fn wait_idle(&self, deadline: Instant) -> Vec<String> {
-        let mut pods = self.pods();
-        while !pods.is_empty() {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                break;
-            };
-            pods = self
-                .freed
-                .wait_timeout(pods, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        pods.iter().cloned().collect()
-    }
-}
-
-impl Drop for BusyGuard<'_> {
-    fn drop(&mut self) {
-        self.set.pods().remove(&self.uid);
-        self.set.freed.notify_all();
-    }
-}
-
 /// The deadline of a termination checkpoint: what the wrapper allows (less a margin to answer
 /// in), bounded by the end of the pod's grace period (less a margin for the SIGTERM).
 pub fn final_deadline(
@@ -517,6 +445,7 @@ impl Agent {
             expected: info.layout.members.clone(),
             hold: (req.hold_until_stopped && info.hold_until_evicted)
                 .then(|| stasis_core::policy::hold_limit(self.exec.hold_bound(), &info.liveness)),
+            upload_stop: None,
         };
         let (tx, rx) = mpsc::channel();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
@@ -528,10 +457,13 @@ impl Agent {
             .name("final-checkpoint".into())
             .spawn(move || {
                 let _span = span.entered();
-                // A heartbeat in progress holds older memory than this stop: wait for it (the
-                // controller keeps the replacement waiting for the final checkpoint, not for
-                // it), then take the final one, all before the deadline.
-                let Some(_g) = busy.take_by(&uid, deadline) else {
+                // A heartbeat in progress holds older memory than this stop. Its capture is
+                // waited for; its upload is stopped when this checkpoint is estimated to fit in
+                // the time left, else waited for too (the controller keeps the replacement
+                // waiting for the final checkpoint, not for it). Then the final one is taken,
+                // all before the deadline.
+                let fits = |left| exec.supersedes_upload(&uid, left);
+                let Some(_g) = busy.take_superseding(&uid, deadline, fits) else {
                     let _ = tx.send(Err(AgentError::Deadline(
                         "a checkpoint of this pod was still in progress at the deadline".into(),
                     )));
@@ -789,69 +721,5 @@ mod tests {
             final_deadline(now, wall, 20_000, Some(wall + Duration::from_millis(400))),
             None
         );
-    }
-
-    #[test]
-    fn one_checkpoint_per_pod_at_a_time() {
-        let b = Busy::default();
-        let g = b.try_take("u1").unwrap();
-        assert!(b.try_take("u1").is_none());
-        assert!(b.try_take("u2").is_some());
-        assert!(b.is_busy("u1"));
-        drop(g);
-        assert!(!b.is_busy("u1"));
-        assert!(b.try_take("u1").is_some());
-    }
-
-    /// A waiter wakes when the checkpoint in progress ends (not at its next poll), and gives up
-    /// at its deadline.
-    #[test]
-    fn a_waiter_takes_the_pod_when_it_is_freed() {
-        let b = Arc::new(Busy::default());
-        let g = b.try_take("u1").unwrap();
-        let soon = Instant::now() + Duration::from_millis(50);
-        assert!(b.take_by("u1", soon).is_none());
-        assert!(Instant::now() >= soon);
-        let waiter = {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                let t = Instant::now();
-                let got = b.take_by("u1", t + Duration::from_secs(10)).is_some();
-                (got, t.elapsed())
-            })
-        };
-        std::thread::sleep(Duration::from_millis(100));
-        drop(g);
-        let (got, waited) = waiter.join().unwrap();
-        assert!(got);
-        assert!(waited < Duration::from_secs(5), "{waited:?}");
-    }
-
-    /// A stopping agent waits for the checkpoints in progress: it names those still running at
-    /// its deadline, and returns as soon as the last one ends.
-    #[test]
-    fn wait_idle_waits_for_every_checkpoint_in_progress() {
-        let b = Arc::new(Busy::default());
-        assert!(
-            b.wait_idle(Instant::now()).is_empty(),
-            "nothing in progress"
-        );
-        let g = b.try_take("u1").unwrap();
-        assert_eq!(
-            b.wait_idle(Instant::now() + Duration::from_millis(50)),
-            vec!["u1".to_string()]
-        );
-        let waiter = {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                let t = Instant::now();
-                (b.wait_idle(t + Duration::from_secs(10)), t.elapsed())
-            })
-        };
-        std::thread::sleep(Duration::from_millis(100));
-        drop(g);
-        let (left, waited) = waiter.join().unwrap();
-        assert!(left.is_empty(), "{left:?}");
-        assert!(waited < Duration::from_secs(5), "{waited:?}");
     }
 }

@@ -85,6 +85,7 @@ pub fn checkpoint_succeeded(
 pub fn failure_reason(e: &AgentError) -> &'static str {
     match e {
         AgentError::Fenced(_) => reason::FENCED,
+        AgentError::Superseded(_) => reason::SUPERSEDED,
         _ => reason::CHECKPOINT_FAILED,
     }
 }

@@ -11,6 +11,10 @@
 //!   then skipped, naming it;
 //! - the same request with 30 s left is taken and published.
 //!
+//! And, against a real S3 server (s3s-fs) behind a slow link (`testkit::net::Throttle`, so that
+//! an upload lasts seconds): a termination that meets a heartbeat uploading stops that upload
+//! (nothing of it is published) and publishes its own checkpoint, instead of waiting for it.
+//!
 //! The one stand-in: the pod's recorded cost is the 2 GiB pod's (noted with
 //! `Executor::note_measured`, as the agent notes each checkpoint it takes); this counter's own
 //! checkpoints cost a fraction of a second, and a 2 GiB pod does not fit this test's machine.
@@ -24,7 +28,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stasis_agent::error::Result;
+use stasis_agent::error::{AgentError, Result};
 use stasis_agent::executor::{CheckpointJob, CheckpointOutcome, NotInPlace, Target};
 use stasis_agent::fence::{Stamp, Verdict};
 use stasis_agent::node::{Agent, Busy, Cluster, InPlace, PodInfo, Standalone};
@@ -149,6 +153,7 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
         on_captured: None,
         expected: Vec::new(),
         hold: None,
+        upload_stop: None,
     };
     let heartbeat = agent.checkpoint(&job).expect("heartbeat");
     eprintln!(
@@ -234,4 +239,172 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
     assert_eq!(metric(&agent, FREEZES), 3.0);
     assert_eq!(metric(&agent, SKIPPED), 2.0);
     assert_eq!(cluster.skipped.lock().unwrap().len(), 2);
+}
+
+/// Bytes per second of the slow link to the S3 server: a 32 MiB counter's upload takes ≈ 4 s.
+const SLOW_LINK: u64 = 8 * 1024 * 1024;
+
+#[test]
+fn a_termination_stops_a_heartbeat_upload_and_publishes_its_own_checkpoint() {
+    let test = "a_termination_stops_a_heartbeat_upload_and_publishes_its_own_checkpoint";
+    if !ready(test) {
+        return;
+    }
+    let mut w = World::new("supersede");
+    let s3 = w.path("s3");
+    std::fs::create_dir_all(s3.join("ckpts")).unwrap();
+    let Some(server) = stasis_testkit::s3::S3Server::start(test, &s3) else {
+        return;
+    };
+    let link = stasis_testkit::net::Throttle::start(server.port, SLOW_LINK);
+    eprintln!(
+        "the S3 server is reached through a {} MiB/s link",
+        SLOW_LINK >> 20
+    );
+    // The store reads its S3 settings from the environment, as stasisd does.
+    for (k, v) in server.client_env() {
+        std::env::set_var(k, v);
+    }
+    std::env::set_var("AWS_ENDPOINT_URL", link.endpoint());
+    let rt = runtime();
+    let store = rt
+        .block_on(async { stasis_store::Store::open("s3://ckpts/supersede") })
+        .unwrap();
+    let exec = executor_on(&w, &rt, store, stasis_store::Key::random());
+    let (uid, pod_name) = ("uid-supersede-1", "counter-s");
+    let b = pod_bundle(&w, "b1", &["STATE_MB=32", "INTERVAL_MS=50"], uid, pod_name);
+    let lines = w.run_piped(&b, "d1");
+    wait_counts(&lines, 5);
+    let cluster = Arc::new(Recording::default());
+    let agent = Agent {
+        exec: exec.clone(),
+        cluster: cluster.clone(),
+        busy: Arc::new(Busy::default()),
+    };
+    let key = PodKey {
+        namespace: "default".into(),
+        name: pod_name.into(),
+        uid: uid.into(),
+    };
+    // A heartbeat as the agent runs one (`k8s::jobs`): the pod's guard held, its upload
+    // stoppable.
+    let heartbeat = {
+        let (agent_busy, exec) = (agent.busy.clone(), exec.clone());
+        let job = CheckpointJob {
+            target: Target::ContainerId("d1".into()),
+            namespace: "default".into(),
+            pod_name: pod_name.into(),
+            stamp: cluster.stamp(&key).unwrap(),
+            spec_hash: None,
+            declared: BTreeMap::new(),
+            reason: "Heartbeat".into(),
+            leave_running: true,
+            deadline: None,
+            on_captured: None,
+            expected: Vec::new(),
+            hold: None,
+            upload_stop: None,
+        };
+        move || {
+            let _g = agent_busy.try_take(uid).expect("the pod is free");
+            let job = CheckpointJob {
+                upload_stop: Some(agent_busy.upload_stop(uid)),
+                ..job.clone()
+            };
+            let r = exec.checkpoint(&job, &|| Verdict::NoRecord);
+            (r, Instant::now())
+        }
+    };
+
+    // The first heartbeat runs to the end: the pod's measured cost, and what a cancelled upload
+    // would otherwise leave the replacement.
+    let (first, _) = heartbeat();
+    let first = first.expect("the first heartbeat");
+    eprintln!(
+        "heartbeat {}: freeze {} ms, upload {} ms",
+        first.reference, first.freeze_ms, first.upload_ms
+    );
+    assert!(
+        first.upload_ms >= 2_000,
+        "the slow link did not slow the upload ({} ms)",
+        first.upload_ms
+    );
+
+    // The second is uploading when the stop comes, with 30 s left: its upload is stopped, and
+    // the final checkpoint is taken at once and published.
+    let second = std::thread::spawn(heartbeat.clone());
+    wait_for("the second heartbeat's upload", 30, || {
+        agent.busy.is_uploading(uid)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let (answer, took) = final_checkpoint(&agent, 30_000, false);
+    let (second, second_ended) = second.join().unwrap();
+    eprintln!(
+        "stop during the second heartbeat's upload: {answer:?} in {} ms; the heartbeat ended \
+         {} ms after the stop: {second:?}",
+        took.as_millis(),
+        second_ended.duration_since(asked).as_millis()
+    );
+    let Err(AgentError::Superseded(why)) = &second else {
+        panic!("the heartbeat uploading was not stopped: {second:?}");
+    };
+    assert!(why.contains("final checkpoint"), "{why}");
+    // Stopped within moments, not after the rest of its ≈ 4 s upload.
+    assert!(
+        second_ended.duration_since(asked) < Duration::from_millis(first.upload_ms / 2),
+        "the heartbeat ended {:?} after the stop",
+        second_ended.duration_since(asked)
+    );
+    let ResponseBody::Done { checkpoint_ref, .. } = answer else {
+        panic!("the final checkpoint was not taken: {answer:?}");
+    };
+    assert_ne!(checkpoint_ref, first.reference);
+    assert_eq!(
+        metric(
+            &agent,
+            "stasis_agent_checkpoints_total{result=\"superseded\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &agent,
+            "stasis_agent_checkpoints_total{result=\"succeeded\"}"
+        ),
+        2.0
+    );
+    assert!(cluster.skipped.lock().unwrap().is_empty());
+
+    // The store holds the first heartbeat and the final checkpoint, nothing of the stopped
+    // one, and no lease left behind.
+    let listed = rt.block_on(exec.store().list(None)).unwrap();
+    let mut refs: Vec<String> = listed.iter().map(|c| c.reference().to_string()).collect();
+    refs.sort();
+    let mut want = vec![first.reference.clone(), checkpoint_ref.clone()];
+    want.sort();
+    assert_eq!(refs, want);
+    // (s3s-fs keeps each object as a file under the bucket's directory.)
+    assert!(!walk_files(&s3.join("ckpts/supersede/manifests")).is_empty());
+    let leases = walk_files(&s3.join("ckpts/supersede/leases"));
+    assert!(leases.is_empty(), "leases left: {leases:?}");
+    // The counter ran on through all of it.
+    let before = last_count(&lines).unwrap();
+    wait_counts(&lines, before + 5);
+}
+
+/// Every file under `dir` (none when it does not exist).
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
 }

@@ -7,9 +7,13 @@
 //! (the mean freeze + upload of the pod's recent checkpoints, [`interval::checkpoint_cost`], the
 //! figure `interval: auto` uses) is more than the time left, and the pod stops at once.
 //!
-//! - A checkpoint of the pod in progress is waited for first, whatever the estimate: it is never
-//!   cancelled, it holds the state the replacement restores when the final one is skipped, and
-//!   the final one cannot start before it ends.
+//! - A checkpoint of the pod in progress is waited for first: the final one cannot start before
+//!   it ends. Its capture is never cut short (a freeze is not interrupted). A heartbeat whose
+//!   capture is done and whose upload is running holds older memory than the final checkpoint
+//!   would: its upload is stopped (nothing of it is published) when the final checkpoint is
+//!   estimated to fit in the time left ([`supersedes_upload`]), so that a pod whose checkpoints
+//!   take most of a grace period still ends on its final state. Otherwise it is let finish: it
+//!   is then the newest state that can be published before the deadline.
 //! - Without a measured cost (the pod's first checkpoint on this node) the final checkpoint is
 //!   taken, as is one with nothing published to fall back to: it is the only chance to keep the
 //!   pod's state, and a cut-off upload publishes nothing.
@@ -96,9 +100,29 @@ pub fn final_checkpoint(left: Duration, measured: &[Measured], latest: &Latest) 
     }
 }
 
+/// Whether a termination checkpoint that finds a heartbeat of its pod uploading stops that
+/// upload: only when the pod's measured cost ([`interval::checkpoint_cost`]) fits in `left`.
+/// Without a measurement nothing says the final checkpoint can finish, and the heartbeat, whose
+/// capture is done, is the state closest to the stop that is sure to be published.
+pub fn supersedes_upload(left: Duration, measured: &[Measured]) -> bool {
+    interval::checkpoint_cost(measured).is_some_and(|estimate| estimate <= left)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 6 GiB pod of docs/benchmarks.md: ≈ 21.7 s a checkpoint; with 28 s left the final
+    /// checkpoint replaces the heartbeat uploading, with 20 s left the heartbeat is let finish,
+    /// and with nothing measured it is too.
+    #[test]
+    fn a_heartbeat_upload_is_stopped_only_for_a_final_checkpoint_that_fits() {
+        let six_gib = [ms(6_300, 15_400)];
+        assert!(supersedes_upload(Duration::from_secs(28), &six_gib));
+        assert!(supersedes_upload(Duration::from_millis(21_700), &six_gib));
+        assert!(!supersedes_upload(Duration::from_secs(20), &six_gib));
+        assert!(!supersedes_upload(Duration::from_secs(600), &[]));
+    }
 
     fn ms(freeze_ms: u64, upload_ms: u64) -> Measured {
         Measured {

@@ -135,6 +135,9 @@ pub mod reason {
     pub const FREEZE_BUDGET_EXCEEDED: &str = "FreezeBudgetExceeded";
     /// Refused: a newer claim fenced this lineage generation off.
     pub const FENCED: &str = "Fenced";
+    /// A heartbeat whose upload was stopped because its pod began to stop: the pod's final
+    /// checkpoint, taken after it, replaces it. Nothing of it was published.
+    pub const SUPERSEDED: &str = "Superseded";
     /// A `PodRestore` whose agent is fetching and verifying the checkpoint.
     pub const FETCHING: &str = "Fetching";
     /// A `PodRestore` whose checkpoint is on the node, verified: the container restores when

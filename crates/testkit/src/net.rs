@@ -1,12 +1,13 @@
 //! The network side of a test: ports for the servers it starts (the counter workload, an S3
-//! server), a line read from such a server, and a container's network namespace.
+//! server), a line read from such a server, a container's network namespace, and a
+//! slow link to a server ([`Throttle`]).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The ports handed out: from here up to the kernel's ephemeral range.
 const FIRST: u32 = 20_000;
@@ -92,9 +93,130 @@ pub fn loopback_up(pid: i32) {
     assert!(st.success(), "lo up in the netns of {pid}");
 }
 
+/// A loopback TCP proxy to `127.0.0.1:upstream` whose connections share one link of at most
+/// `bytes_per_s` in each direction: a slow network to a server (an S3 server whose uploads then
+/// take seconds, long enough to act during one). Stopped on drop (its open connections end
+/// with their peers).
+pub struct Throttle {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl Throttle {
+    pub fn start(upstream: u16, bytes_per_s: u64) -> Throttle {
+        // Port 0 is safe here: the proxy keeps the listener it bound.
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind the proxy");
+        let port = listener.local_addr().expect("its address").port();
+        listener.set_nonblocking(true).expect("non-blocking accept");
+        let stop = Arc::new(AtomicBool::new(false));
+        let links = [Link::new(bytes_per_s), Link::new(bytes_per_s)];
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let Ok(server) = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream)) else {
+                    continue;
+                };
+                for (from, to, link) in [
+                    (client.try_clone(), server.try_clone(), links[0].clone()),
+                    (server.try_clone(), client.try_clone(), links[1].clone()),
+                ] {
+                    if let (Ok(from), Ok(to)) = (from, to) {
+                        std::thread::spawn(move || pump(from, to, &link));
+                    }
+                }
+            }
+        });
+        Throttle { port, stop }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One direction of a [`Throttle`]: the instant it is free again, shared by its connections.
+#[derive(Clone)]
+struct Link {
+    free_at: Arc<Mutex<Instant>>,
+    bytes_per_s: u64,
+}
+
+impl Link {
+    fn new(bytes_per_s: u64) -> Link {
+        Link {
+            free_at: Arc::new(Mutex::new(Instant::now())),
+            bytes_per_s: bytes_per_s.max(1),
+        }
+    }
+
+    /// Waits until `n` bytes have had their turn on the link.
+    fn pass(&self, n: usize) {
+        let took = Duration::from_secs_f64(n as f64 / self.bytes_per_s as f64);
+        let until = {
+            let mut free_at = self.free_at.lock().unwrap_or_else(|e| e.into_inner());
+            *free_at = (*free_at).max(Instant::now()) + took;
+            *free_at
+        };
+        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, link: &Link) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                link.pass(n);
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 256 KiB through a 1 MiB/s link take about a quarter of a second, and arrive whole.
+    #[test]
+    fn a_throttle_passes_everything_at_its_rate() {
+        let server = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let upstream = server.local_addr().unwrap().port();
+        let echo = std::thread::spawn(move || {
+            let (mut c, _) = server.accept().unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).unwrap();
+            got.len()
+        });
+        let t = Throttle::start(upstream, 1024 * 1024);
+        let mut c = TcpStream::connect((Ipv4Addr::LOCALHOST, t.port)).unwrap();
+        let started = Instant::now();
+        c.write_all(&vec![7u8; 256 * 1024]).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(echo.join().unwrap(), 256 * 1024);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+    }
 
     #[test]
     fn ports_are_distinct_bindable_and_outside_the_ephemeral_range() {

@@ -59,6 +59,8 @@ impl Executor {
                 self.metrics.checkpoint("fenced");
                 self.metrics.error("fenced");
             }
+            // Not a failure: the pod's final checkpoint, taken after it, replaces it.
+            Err(AgentError::Superseded(_)) => self.metrics.checkpoint("superseded"),
             Err(e) => {
                 self.metrics.checkpoint("failed");
                 self.metrics.error(e.kind());
@@ -236,12 +238,13 @@ impl Executor {
         };
         let (freeze_ms, dump_ms) = (draft.timings.frozen_ms, draft.timings.dump_ms);
         let left = remaining("for the upload")?;
+        let stop = job.upload_stop.as_ref().map(|s| s.uploading());
         let t = Instant::now();
-        let put = self
-            .store
-            .put_checkpoint(&key, draft, &scratch.0, &NoProgress);
-        let manifest = match left {
-            None => self.rt.block_on(put)?,
+        let put =
+            self.store
+                .put_checkpoint_until(&key, draft, &scratch.0, &NoProgress, stopped(stop));
+        let put = match left {
+            None => self.rt.block_on(put),
             Some(left) => self
                 .rt
                 .block_on(async { tokio::time::timeout(left, put).await })
@@ -250,7 +253,18 @@ impl Executor {
                         "upload cut off after {} ms; nothing was published",
                         left.as_millis()
                     ))
-                })??,
+                })?,
+        };
+        let manifest = match put {
+            Err(stasis_store::StoreError::Cancelled) => {
+                info!(containers = ?names, upload_ms = ms(t), "upload stopped: the pod's final checkpoint replaces this one");
+                return Err(AgentError::Superseded(format!(
+                    "the pod began to stop {} ms into this checkpoint's upload, and its final \
+                     checkpoint, taken after it, replaces it; nothing of this one was published",
+                    ms(t)
+                )));
+            }
+            r => r?,
         };
         let upload_ms = ms(t);
         let reference = manifest.reference();
@@ -300,6 +314,17 @@ impl Executor {
             verdict,
         })
     }
+}
+
+/// Completes when the upload is to stop: never without a stop handle, or once its sender is
+/// gone without having asked.
+async fn stopped(stop: Option<tokio::sync::watch::Receiver<bool>>) {
+    if let Some(mut rx) = stop {
+        if rx.wait_for(|stop| *stop).await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 /// What the manifest says of the capture, for one container or a whole pod.

@@ -83,6 +83,17 @@ impl Executor {
         };
         deadline::final_checkpoint(left, &measured, &latest)
     }
+
+    /// Whether the pod's final checkpoint, with `left` before its deadline, stops the upload of a
+    /// heartbeat in progress ([`deadline::supersedes_upload`]).
+    pub fn supersedes_upload(&self, pod_uid: &str, left: Duration) -> bool {
+        let m = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        let measured: Vec<Measured> = m
+            .get(pod_uid)
+            .map(|h| h.measured.iter().copied().collect())
+            .unwrap_or_default();
+        deadline::supersedes_upload(left, &measured)
+    }
 }
 
 /// When a checkpoint was taken, from its id (its capture's instant: what the replacement's

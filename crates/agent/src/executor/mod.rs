@@ -117,6 +117,17 @@ pub struct CheckpointJob {
     /// checkpoint's start (a little before its freeze) (the eviction responder's final checkpoint and a spot notice's, when the
     /// pod's policy has `holdUntilEvicted`): it then does no work its replacement does again.
     pub hold: Option<Duration>,
+    /// A heartbeat's: told when its capture is done, and its upload stopped (nothing published,
+    /// [`AgentError::Superseded`]) when the receiver it gets turns `true`.
+    pub upload_stop: Option<Arc<dyn UploadStop>>,
+}
+
+/// How a checkpoint's upload can be stopped for a newer checkpoint of the same pod (the agent's
+/// implementation: [`crate::busy::Busy::upload_stop`]).
+pub trait UploadStop: Send + Sync + std::fmt::Debug {
+    /// The capture is done and the upload starts: from now on the upload stops when the
+    /// receiver turns `true`.
+    fn uploading(&self) -> tokio::sync::watch::Receiver<bool>;
 }
 
 /// How long the eviction responder's checkpoint holds a pod frozen from the checkpoint's start,

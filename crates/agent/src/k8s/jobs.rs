@@ -80,6 +80,9 @@ impl KubeCluster {
                 "another checkpoint of this pod ran until the timeout".into(),
             )),
             Some(_g) => agent.checkpoint(&CheckpointJob {
+                // A heartbeat's upload gives way to the pod's final checkpoint (busy.rs).
+                upload_stop: (c.spec.reason == stasis_api::CheckpointReason::Heartbeat)
+                    .then(|| agent.busy.upload_stop(&info.key.uid)),
                 target: Target::Pod {
                     uid: info.key.uid.clone(),
                     container_name: None,
@@ -119,6 +122,17 @@ impl KubeCluster {
             Ok(o) => {
                 info!(checkpoint = %name, reference = %o.reference, total_ms = o.total_ms, "checkpoint succeeded");
                 status::checkpoint_succeeded(prev, o, info.spec_hash.as_deref(), status::now())
+            }
+            // Said on the PodCheckpoint only: the pod's final checkpoint has its own Events.
+            Err(e @ AgentError::Superseded(_)) => {
+                info!(checkpoint = %name, why = %e, "checkpoint superseded");
+                status::checkpoint_failed(
+                    prev,
+                    &self.node,
+                    status::failure_reason(e),
+                    &e.to_string(),
+                    status::now(),
+                )
             }
             Err(e) => {
                 warn!(checkpoint = %name, error = %e, "checkpoint failed");

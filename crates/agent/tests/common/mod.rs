@@ -74,6 +74,7 @@ pub fn checkpoint_stopped(
             on_captured: None,
             expected: Vec::new(),
             hold: None,
+            upload_stop: None,
         },
         &|| Verdict::NoRecord,
     )
