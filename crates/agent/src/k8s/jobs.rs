@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use stasis_api::names::reason;
-use stasis_api::{PodCheckpoint, PodRestore, RestoreFailure, RestorePhase};
+use stasis_api::{CheckpointReason, PodCheckpoint, PodRestore, RestoreFailure, RestorePhase};
 use stasis_core::CheckpointRef;
 use tracing::{info, warn};
 
@@ -74,14 +74,28 @@ impl KubeCluster {
                 t.min(stasis_api::checkpoint::MAX_TIMEOUT_SECONDS) as u64
             }));
         let deadline = Instant::now() + timeout;
-        // One checkpoint at a time per pod: wait for the one in progress.
-        let r = match agent.busy.take_by(&info.key.uid, deadline) {
+        // One checkpoint at a time per pod: wait for the one in progress. A checkpoint taken
+        // because the pod is about to end (the eviction responder's, a cloud notice's) holds
+        // newer state than a heartbeat uploading, and stops that upload as a termination does.
+        let uid = info.key.uid.as_str();
+        let taken = if matches!(
+            c.spec.reason,
+            CheckpointReason::Termination
+                | CheckpointReason::SpotNotice
+                | CheckpointReason::MaintenanceNotice
+        ) {
+            let fits = |left| agent.exec.supersedes_upload(uid, left);
+            agent.busy.take_superseding(uid, deadline, fits)
+        } else {
+            agent.busy.take_by(uid, deadline)
+        };
+        let r = match taken {
             None => Err(AgentError::Deadline(
                 "another checkpoint of this pod ran until the timeout".into(),
             )),
             Some(_g) => agent.checkpoint(&CheckpointJob {
                 // A heartbeat's upload gives way to the pod's final checkpoint (busy.rs).
-                upload_stop: (c.spec.reason == stasis_api::CheckpointReason::Heartbeat)
+                upload_stop: (c.spec.reason == CheckpointReason::Heartbeat)
                     .then(|| agent.busy.upload_stop(&info.key.uid)),
                 target: Target::Pod {
                     uid: info.key.uid.clone(),
@@ -102,7 +116,7 @@ impl KubeCluster {
                 expected: info.layout.members.clone(),
                 // A spot notice: the instance stops at the notice's end; held until then, the
                 // pod does nothing its replacement, restored from this checkpoint, does again.
-                hold: (c.spec.reason == stasis_api::CheckpointReason::SpotNotice
+                hold: (c.spec.reason == CheckpointReason::SpotNotice
                     && info.hold_until_evicted)
                     .then(|| stasis_core::policy::hold_limit(timeout, &info.liveness)),
             }),
