@@ -116,8 +116,7 @@ impl KubeCluster {
                 expected: info.layout.members.clone(),
                 // A spot notice: the instance stops at the notice's end; held until then, the
                 // pod does nothing its replacement, restored from this checkpoint, does again.
-                hold: (c.spec.reason == CheckpointReason::SpotNotice
-                    && info.hold_until_evicted)
+                hold: (c.spec.reason == CheckpointReason::SpotNotice && info.hold_until_evicted)
                     .then(|| stasis_core::policy::hold_limit(timeout, &info.liveness)),
             }),
         };
