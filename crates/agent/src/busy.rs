@@ -3,10 +3,11 @@
 //!
 //! A pod's checkpoints run one after another: each holds the pod's [`BusyGuard`] from before its
 //! freeze to after its record. A termination checkpoint that finds a heartbeat in progress
-//! waits for it, but not for all of it: once the heartbeat's capture is done
-//! ([`UploadStop::uploading`]), its upload holds memory older than the stop, and the final
-//! checkpoint may tell it to stop ([`Busy::take_superseding`]), so that the grace period goes to
-//! the state the replacement should resume from.
+//! waits for it, but not for all of it ([`Busy::take_for_final`]): once the heartbeat's capture
+//! is done ([`UploadStop::uploading`]), the final checkpoint either tells its upload to stop
+//! (it fits the time left, and holds newer state) or takes that capture as the pod's final one
+//! (the stop came while it was being captured, or a new one would not fit), so that the grace
+//! period goes to the state the replacement should resume from.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -28,8 +29,32 @@ pub struct Busy {
 /// The checkpoint that holds a pod.
 #[derive(Debug, Default)]
 struct Holder {
-    /// Set by a heartbeat when its upload starts: `true` sent stops it.
-    upload: Option<watch::Sender<bool>>,
+    /// Set by a heartbeat when its upload starts.
+    upload: Option<Upload>,
+}
+
+/// A heartbeat's upload in progress.
+#[derive(Debug)]
+struct Upload {
+    /// `true` sent stops it.
+    stop: watch::Sender<bool>,
+    /// The reference it publishes.
+    reference: String,
+    /// When its capture ended and it began.
+    since: Instant,
+    /// Taken as the pod's final checkpoint: never stopped.
+    adopted: bool,
+}
+
+/// How a termination checkpoint's wait for its pod ended ([`Busy::take_for_final`]).
+pub enum FinalWait<'a> {
+    /// The pod is free: take the final checkpoint.
+    Taken(BusyGuard<'a>),
+    /// The heartbeat whose capture is done is the final checkpoint (its reference): its upload
+    /// goes on, and the stop may go on now.
+    Adopted(String),
+    /// Still held at the deadline.
+    TimedOut,
 }
 
 pub struct BusyGuard<'a> {
@@ -59,28 +84,55 @@ impl Busy {
 
     /// Takes the pod once its checkpoint in progress (if any) ended; `None` at `deadline`.
     pub fn take_by(&self, uid: &str, deadline: Instant) -> Option<BusyGuard<'_>> {
-        self.take_superseding(uid, deadline, |_| false)
+        match self.take_for_final(uid, deadline, None, |_| false) {
+            FinalWait::Taken(g) => Some(g),
+            FinalWait::Adopted(_) | FinalWait::TimedOut => None,
+        }
     }
 
-    /// [`Busy::take_by`] for a termination checkpoint: while it waits, a heartbeat of the pod
-    /// whose upload is running is told to stop when `fits(time left)` says the termination
-    /// checkpoint can finish in that time. Asked again each time the holder changes stage.
-    pub fn take_superseding(
+    /// [`Busy::take_by`] for a checkpoint taken because the pod is about to end. While it waits,
+    /// a heartbeat of the pod whose capture is done (its upload running) is
+    /// - taken as the final checkpoint when `adopt_since` is given (the final checkpoint may end
+    ///   at another's capture) and the capture ended after that instant (the stop came during
+    ///   the capture: it holds the state at the stop);
+    /// - else told to stop when `fits(time left)` says a new checkpoint can finish in that time;
+    /// - else, with `adopt_since` given, taken as the final checkpoint: it is the newest state
+    ///   that can be published before the deadline, and the stop need not wait for its upload.
+    ///
+    /// Decided again each time the holder changes stage; an adopted upload is never stopped.
+    pub fn take_for_final(
         &self,
         uid: &str,
         deadline: Instant,
+        adopt_since: Option<Instant>,
         fits: impl Fn(Duration) -> bool,
-    ) -> Option<BusyGuard<'_>> {
+    ) -> FinalWait<'_> {
         let mut pods = self.pods();
         loop {
             if let Some(g) = self.take(&mut pods, uid) {
-                return Some(g);
+                return FinalWait::Taken(g);
             }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            if let Some(upload) = pods.get(uid).and_then(|h| h.upload.as_ref()) {
-                if !*upload.borrow() && fits(left) {
-                    info!(pod_uid = %uid, left_ms = left.as_millis() as u64, "stopping the upload of the pod's heartbeat: its final checkpoint replaces it");
-                    upload.send_replace(true);
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return FinalWait::TimedOut;
+            };
+            if let Some(upload) = pods.get_mut(uid).and_then(|h| h.upload.as_mut()) {
+                let stopped = *upload.stop.borrow();
+                let adopt = |u: &mut Upload| {
+                    u.adopted = true;
+                    info!(pod_uid = %uid, reference = %u.reference, "the pod's heartbeat, captured, is its final checkpoint; its upload goes on");
+                    FinalWait::Adopted(u.reference.clone())
+                };
+                match adopt_since {
+                    _ if stopped => {}
+                    Some(_) if upload.adopted => return adopt(upload),
+                    Some(asked) if upload.since >= asked => return adopt(upload),
+                    _ if upload.adopted => {}
+                    _ if fits(left) => {
+                        info!(pod_uid = %uid, left_ms = left.as_millis() as u64, "stopping the upload of the pod's heartbeat: its final checkpoint replaces it");
+                        upload.stop.send_replace(true);
+                    }
+                    Some(_) => return adopt(upload),
+                    None => {}
                 }
             }
             pods = self
@@ -142,12 +194,20 @@ struct HeartbeatUpload {
 }
 
 impl UploadStop for HeartbeatUpload {
-    fn uploading(&self) -> watch::Receiver<bool> {
+    fn uploading(&self, reference: &str) -> watch::Receiver<bool> {
         let (tx, rx) = watch::channel(false);
         let mut pods = self.busy.pods();
         match pods.get_mut(&self.uid) {
-            // The pod's guard is held by this heartbeat: its upload can be stopped from now on.
-            Some(h) => h.upload = Some(tx),
+            // The pod's guard is held by this heartbeat: its upload can be stopped (or adopted)
+            // from now on.
+            Some(h) => {
+                h.upload = Some(Upload {
+                    stop: tx,
+                    reference: reference.to_owned(),
+                    since: Instant::now(),
+                    adopted: false,
+                })
+            }
             // Not held (a caller without the guard): nothing can stop it; the receiver stays
             // `false` (a dropped sender only ends `changed()`).
             None => drop(tx),
@@ -198,30 +258,7 @@ mod tests {
         assert!(waited < Duration::from_secs(5), "{waited:?}");
     }
 
-    /// A termination checkpoint waits through a heartbeat's capture, stops its upload as soon
-    /// as the upload starts (woken by it, not by a poll), and takes the pod when the heartbeat
-    /// lets go.
-    #[test]
-    fn a_final_checkpoint_that_fits_stops_a_heartbeat_upload() {
-        let b = Arc::new(Busy::default());
-        let g = b.try_take("u1").unwrap();
-        let stop = b.upload_stop("u1");
-        let waiter = {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                let t = Instant::now();
-                let got = b
-                    .take_superseding("u1", t + Duration::from_secs(10), |_| true)
-                    .is_some();
-                (got, t.elapsed())
-            })
-        };
-        // The capture: not stopped, whatever the time.
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(!b.is_uploading("u1"));
-        let mut rx = stop.uploading();
-        assert!(b.is_uploading("u1"));
-        let t = Instant::now();
+    fn wait_stopped(rx: &mut watch::Receiver<bool>) {
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -232,48 +269,115 @@ mod tests {
                     .expect("the upload was not stopped")
                     .unwrap();
             });
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-        drop(g);
-        let (got, _) = waiter.join().unwrap();
-        assert!(got);
     }
 
-    /// One that does not fit lets the upload finish (it is the newest state that can be
-    /// published), and a plain waiter never stops one.
+    /// A stop that comes while a heartbeat uploads, with a new checkpoint that fits: the
+    /// upload is told to stop at once, and the pod is taken when the heartbeat lets go.
+    #[test]
+    fn a_final_checkpoint_that_fits_stops_a_heartbeat_upload() {
+        let b = Arc::new(Busy::default());
+        let g = b.try_take("u1").unwrap();
+        let mut rx = b.upload_stop("u1").uploading("l/hb");
+        assert!(b.is_uploading("u1"));
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let deadline = t + Duration::from_secs(10);
+                matches!(
+                    b.take_for_final("u1", deadline, Some(t), |_| true),
+                    FinalWait::Taken(_)
+                )
+            })
+        };
+        let t = Instant::now();
+        wait_stopped(&mut rx);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        drop(g);
+        assert!(waiter.join().unwrap());
+    }
+
+    /// A stop that comes while a heartbeat is being captured waits for the capture (never cut
+    /// short), then takes that capture as the final checkpoint, woken by the upload's start:
+    /// the upload is not stopped, another container's stop gets the same answer, and a
+    /// checkpoint that may not adopt (the eviction responder's) does not stop it either.
+    #[test]
+    fn a_stop_during_a_heartbeat_capture_adopts_that_capture() {
+        let b = Arc::new(Busy::default());
+        let g = b.try_take("u1").unwrap();
+        let asked = Instant::now();
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                match b.take_for_final("u1", deadline, Some(asked), |_| true) {
+                    FinalWait::Adopted(r) => Some(r),
+                    _ => None,
+                }
+            })
+        };
+        // The capture: nothing decided, whatever the time.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!waiter.is_finished());
+        let rx = b.upload_stop("u1").uploading("l/hb");
+        assert_eq!(waiter.join().unwrap().as_deref(), Some("l/hb"));
+        let soon = Instant::now() + Duration::from_secs(10);
+        assert!(matches!(
+            b.take_for_final("u1", soon, Some(Instant::now()), |_| true),
+            FinalWait::Adopted(r) if r == "l/hb"
+        ));
+        let brief = Instant::now() + Duration::from_millis(100);
+        assert!(matches!(
+            b.take_for_final("u1", brief, None, |_| true),
+            FinalWait::TimedOut
+        ));
+        assert!(!*rx.borrow(), "an adopted upload was stopped");
+        drop(g);
+    }
+
+    /// A stop during the upload when a new checkpoint does not fit: the heartbeat is the final
+    /// checkpoint (its upload goes on); without adoption (the eviction responder's) the upload
+    /// is let finish and waited for.
     #[test]
     fn an_upload_is_let_finish_when_the_final_checkpoint_does_not_fit() {
         let b = Arc::new(Busy::default());
         let g = b.try_take("u1").unwrap();
-        let rx = b.upload_stop("u1").uploading();
+        let rx = b.upload_stop("u1").uploading("l/hb");
+        let later = Instant::now() + Duration::from_secs(10);
+        assert!(matches!(
+            b.take_for_final("u1", later, Some(Instant::now()), |_| false),
+            FinalWait::Adopted(r) if r == "l/hb"
+        ));
+        // Without adoption (another pod here): the upload is waited for, never stopped.
+        let b2 = Arc::new(Busy::default());
+        let g2 = b2.try_take("u1").unwrap();
+        let rx2 = b2.upload_stop("u1").uploading("l/hb2");
         let asked = Arc::new(Mutex::new(Vec::new()));
         let waiter = {
-            let (b, asked) = (b.clone(), asked.clone());
+            let (b2, asked) = (b2.clone(), asked.clone());
             std::thread::spawn(move || {
                 let deadline = Instant::now() + Duration::from_secs(10);
-                b.take_superseding("u1", deadline, |left| {
+                let fits = |left| {
                     asked.lock().unwrap().push(left);
                     false
-                })
-                .is_some()
-            })
-        };
-        let manual = {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                b.take_by("u1", Instant::now() + Duration::from_secs(10))
-                    .is_some()
+                };
+                matches!(
+                    b2.take_for_final("u1", deadline, None, fits),
+                    FinalWait::Taken(_)
+                )
             })
         };
         std::thread::sleep(Duration::from_millis(200));
-        assert!(!*rx.borrow(), "stopped");
+        assert!(!*rx2.borrow(), "stopped");
         let asked = asked.lock().unwrap().clone();
         assert!(
             !asked.is_empty() && asked[0] <= Duration::from_secs(10),
             "{asked:?}"
         );
-        drop(g);
+        drop(g2);
         assert!(waiter.join().unwrap());
-        assert!(manual.join().unwrap());
+        assert!(!*rx.borrow());
+        drop(g);
     }
 
     /// A stopping agent waits for the checkpoints in progress: it names those still running at

@@ -126,7 +126,7 @@ impl Default for Metrics {
         );
         registry.register(
             "stasis_agent_checkpoints",
-            "Checkpoints by result (succeeded, failed, fenced, skipped; final_skipped: a final checkpoint that could not finish before its deadline; superseded: a heartbeat whose upload gave way to its pod's final checkpoint).",
+            "Checkpoints by result (succeeded, failed, fenced, skipped; final_skipped: a final checkpoint that could not finish before its deadline; superseded: a heartbeat whose upload gave way to its pod's final checkpoint; final_adopted: a final checkpoint that is the heartbeat captured as the stop came).",
             m.checkpoints.clone(),
         );
         registry.register(

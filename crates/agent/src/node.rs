@@ -15,7 +15,7 @@ use stasis_node_api::{
 };
 use tracing::{info, warn};
 
-pub use crate::busy::{Busy, BusyGuard};
+pub use crate::busy::{Busy, BusyGuard, FinalWait};
 use crate::error::{AgentError, Result};
 use crate::executor::{
     CheckpointJob, CheckpointOutcome, Executor, KeptLatest, NotInPlace, OutOfStep, PodLayout,
@@ -106,6 +106,9 @@ pub trait Cluster: Send + Sync {
     /// The pod's final checkpoint was skipped because it could not finish before its deadline
     /// (`message` says why and what the replacement restores): a Warning Event on the pod.
     fn final_skipped(&self, _pod: &PodInfo, _message: &str) {}
+    /// The pod's final checkpoint is its heartbeat `reference`, captured as the stop came (or
+    /// the newest state that could be published in time): an Event on the pod.
+    fn final_adopted(&self, _pod: &PodInfo, _reference: &str) {}
     /// A member of the pod's restore started cold and its peers followed (what was stopped
     /// and withdrawn): a Warning Event on the pod.
     fn out_of_step(&self, _pod: &PodRef, _what: &OutOfStep) {}
@@ -448,6 +451,7 @@ impl Agent {
             upload_stop: None,
         };
         let (tx, rx) = mpsc::channel();
+        let asked = Instant::now();
         let (exec, cluster, busy) = (self.exec.clone(), self.cluster.clone(), self.busy.clone());
         let uid = pod.pod_uid.clone();
         let container_id = c.id.clone();
@@ -457,17 +461,32 @@ impl Agent {
             .name("final-checkpoint".into())
             .spawn(move || {
                 let _span = span.entered();
-                // A heartbeat in progress holds older memory than this stop. Its capture is
-                // waited for; its upload is stopped when this checkpoint is estimated to fit in
-                // the time left, else waited for too (the controller keeps the replacement
-                // waiting for the final checkpoint, not for it). Then the final one is taken,
-                // all before the deadline.
+                // A heartbeat in progress: its capture is waited for (a freeze is not cut
+                // short). Then, when the stop came during that capture, the capture is this
+                // pod's state at the stop: it is the final checkpoint, and the stop goes on
+                // while it uploads. Otherwise its upload is stopped when a new checkpoint is
+                // estimated to fit in the time left, and else it is the final checkpoint too
+                // (the newest state that can be published in time). The controller keeps the
+                // replacement waiting for it either way (busy.rs, docs/design.md §12.3).
                 let fits = |left| exec.supersedes_upload(&uid, left);
-                let Some(_g) = busy.take_superseding(&uid, deadline, fits) else {
-                    let _ = tx.send(Err(AgentError::Deadline(
-                        "a checkpoint of this pod was still in progress at the deadline".into(),
-                    )));
-                    return;
+                let adopt_since = job.on_captured.is_some().then_some(asked);
+                let _g = match busy.take_for_final(&uid, deadline, adopt_since, fits) {
+                    FinalWait::Taken(g) => g,
+                    FinalWait::Adopted(reference) => {
+                        exec.metrics.checkpoint("final_adopted");
+                        cluster.final_adopted(&info, &reference);
+                        if let Some(captured) = &job.on_captured {
+                            let _ = captured.send(reference.clone());
+                        }
+                        let _ = tx.send(Ok(FinalEnd::Published(reference, 0)));
+                        return;
+                    }
+                    FinalWait::TimedOut => {
+                        let _ = tx.send(Err(AgentError::Deadline(
+                            "a checkpoint of this pod was still in progress at the deadline".into(),
+                        )));
+                        return;
+                    }
                 };
                 // The checkpoint waited for may have been this pod's final one, taken for another
                 // of its containers stopping at the same time: it holds this one too.

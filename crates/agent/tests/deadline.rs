@@ -13,7 +13,9 @@
 //!
 //! And, against a real S3 server (s3s-fs) behind a slow link (`testkit::net::Throttle`, so that
 //! an upload lasts seconds): a termination that meets a heartbeat uploading stops that upload
-//! (nothing of it is published) and publishes its own checkpoint, instead of waiting for it.
+//! (nothing of it is published) and publishes its own checkpoint, instead of waiting for it;
+//! and, for a pod whose checkpoints cannot finish in the time left, takes that heartbeat as the
+//! final checkpoint, answering at once while its upload goes on.
 //!
 //! The one stand-in: the pod's recorded cost is the 2 GiB pod's (noted with
 //! `Executor::note_measured`, as the agent notes each checkpoint it takes); this counter's own
@@ -286,35 +288,7 @@ fn a_termination_stops_a_heartbeat_upload_and_publishes_its_own_checkpoint() {
         name: pod_name.into(),
         uid: uid.into(),
     };
-    // A heartbeat as the agent runs one (`k8s::jobs`): the pod's guard held, its upload
-    // stoppable.
-    let heartbeat = {
-        let (agent_busy, exec) = (agent.busy.clone(), exec.clone());
-        let job = CheckpointJob {
-            target: Target::ContainerId("d1".into()),
-            namespace: "default".into(),
-            pod_name: pod_name.into(),
-            stamp: cluster.stamp(&key).unwrap(),
-            spec_hash: None,
-            declared: BTreeMap::new(),
-            reason: "Heartbeat".into(),
-            leave_running: true,
-            deadline: None,
-            on_captured: None,
-            expected: Vec::new(),
-            hold: None,
-            upload_stop: None,
-        };
-        move || {
-            let _g = agent_busy.try_take(uid).expect("the pod is free");
-            let job = CheckpointJob {
-                upload_stop: Some(agent_busy.upload_stop(uid)),
-                ..job.clone()
-            };
-            let r = exec.checkpoint(&job, &|| Verdict::NoRecord);
-            (r, Instant::now())
-        }
-    };
+    let heartbeat = heartbeat_job(&agent, cluster.stamp(&key).unwrap(), "d1", uid, pod_name);
 
     // The first heartbeat runs to the end: the pod's measured cost, and what a cancelled upload
     // would otherwise leave the replacement.
@@ -388,6 +362,73 @@ fn a_termination_stops_a_heartbeat_upload_and_publishes_its_own_checkpoint() {
     assert!(!walk_files(&s3.join("ckpts/supersede/manifests")).is_empty());
     let leases = walk_files(&s3.join("ckpts/supersede/leases"));
     assert!(leases.is_empty(), "leases left: {leases:?}");
+
+    // A pod whose checkpoints cost more than the time left (the stand-in: its recorded cost
+    // set to 60 s a checkpoint): the stop that comes during a heartbeat's upload takes that
+    // heartbeat as the final checkpoint. The answer (at the capture, as the wrapper asks) names
+    // it at once, and its upload goes on to publish it.
+    eprintln!("stand-in: the pod's recorded cost is set to 60 s a checkpoint");
+    // (Another pod: this one's stop was answered above, and covers its containers.)
+    let (uid, pod_name) = ("uid-supersede-2", "counter-s2");
+    let b = pod_bundle(&w, "b2", &["STATE_MB=32", "INTERVAL_MS=50"], uid, pod_name);
+    let lines = w.run_piped(&b, "d2");
+    wait_counts(&lines, 5);
+    let key = PodKey {
+        uid: uid.into(),
+        name: pod_name.into(),
+        ..key
+    };
+    for _ in 0..COST_SAMPLES {
+        exec.note_measured(
+            uid,
+            Measured {
+                freeze_ms: 10_000,
+                upload_ms: 50_000,
+            },
+        );
+    }
+    let heartbeat = heartbeat_job(&agent, cluster.stamp(&key).unwrap(), "d2", uid, pod_name);
+    let third = std::thread::spawn(heartbeat);
+    wait_for("the third heartbeat's upload", 30, || {
+        agent.busy.is_uploading(uid)
+    });
+    let asked = Instant::now();
+    let t = Instant::now();
+    let answer = agent.final_checkpoint(&FinalCheckpointRequest {
+        deadline_ms: 30_000,
+        answer_when_captured: true,
+        ..stop_request("d2")
+    });
+    let took = t.elapsed();
+    let (third, third_ended) = third.join().unwrap();
+    let third = third.expect("the heartbeat taken as the final checkpoint");
+    eprintln!(
+        "stop during the third heartbeat's upload, no new checkpoint fits: {answer:?} in {} ms; \
+         the heartbeat published {} ms after the stop",
+        took.as_millis(),
+        third_ended.duration_since(asked).as_millis()
+    );
+    let ResponseBody::Captured { checkpoint_ref, .. } = answer else {
+        panic!("the heartbeat uploading was not taken as the final checkpoint: {answer:?}");
+    };
+    assert_eq!(checkpoint_ref, third.reference);
+    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    assert_eq!(
+        metric(
+            &agent,
+            "stasis_agent_checkpoints_total{result=\"final_adopted\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &agent,
+            "stasis_agent_checkpoints_total{result=\"superseded\"}"
+        ),
+        1.0
+    );
+    assert!(cluster.skipped.lock().unwrap().is_empty());
+
     // The counter ran on through all of it.
     let before = last_count(&lines).unwrap();
     wait_counts(&lines, before + 5);
@@ -407,4 +448,40 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// A heartbeat of container `id` as the agent runs one (`k8s::jobs`): the pod's guard held, its
+/// upload stoppable; returns its outcome and when it ended.
+fn heartbeat_job(
+    agent: &Agent,
+    stamp: stasis_agent::fence::Stamp,
+    id: &str,
+    uid: &'static str,
+    pod_name: &str,
+) -> impl Fn() -> (Result<CheckpointOutcome>, Instant) + Clone + Send + 'static {
+    let (busy, exec) = (agent.busy.clone(), agent.exec.clone());
+    let job = CheckpointJob {
+        target: Target::ContainerId(id.into()),
+        namespace: "default".into(),
+        pod_name: pod_name.into(),
+        stamp,
+        spec_hash: None,
+        declared: BTreeMap::new(),
+        reason: "Heartbeat".into(),
+        leave_running: true,
+        deadline: None,
+        on_captured: None,
+        expected: Vec::new(),
+        hold: None,
+        upload_stop: None,
+    };
+    move || {
+        let _g = busy.try_take(uid).expect("the pod is free");
+        let job = CheckpointJob {
+            upload_stop: Some(busy.upload_stop(uid)),
+            ..job.clone()
+        };
+        let r = exec.checkpoint(&job, &|| Verdict::NoRecord);
+        (r, Instant::now())
+    }
 }

@@ -265,6 +265,10 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     // (instead of listing a namespace per admission), and the leader's reconcilers share it.
     let (checkpoints, watch) = crate::cache::Checkpoints::watch(client.clone());
     tokio::spawn(watch);
+    // And the metadata of ReplicaSets and Deployments: a pod's owners, verified at each
+    // admission and registration, read without a request (crate::owners).
+    let (owners, watch) = crate::owners::OwnerCache::watch(client.clone());
+    tokio::spawn(watch);
     // Ready once the servers are up: what a replica serves (the webhook, the restore status,
     // the key broker) reads the API server directly; the reconcilers' caches are the leader's.
     let ready = Readiness::default();
@@ -327,6 +331,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             checkpoints: checkpoints.clone(),
             policies: Some(policies),
             nodes,
+            owners: Some(owners.clone()),
             metrics: metrics.clone(),
             cfg: WebhookConfig {
                 runtime_class: a.runtime_class.clone(),
@@ -392,6 +397,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         },
         store,
         checkpoints,
+        owners: Some(owners),
         shutdown: shutdown.clone(),
     };
     tokio::select! {

@@ -31,9 +31,13 @@ pub fn holder_state(
             return (HolderState::Unseen, None);
         }
         let uid = want_uid.unwrap_or_default();
+        // Its termination checkpoint, or a heartbeat whose capture its agent gave as the final
+        // one (the stop came during that capture: the pod ends while it uploads).
         let final_in_flight = checkpoints.iter().any(|c| {
-            c.spec.reason == CheckpointReason::Termination
-                && checkpoint_pod_uid(c).as_deref() == Some(uid)
+            matches!(
+                c.spec.reason,
+                CheckpointReason::Termination | CheckpointReason::Heartbeat
+            ) && checkpoint_pod_uid(c).as_deref() == Some(uid)
                 && CheckpointView::of(c).in_flight()
         });
         return (HolderState::Gone { final_in_flight }, None);
@@ -136,9 +140,29 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            holder_state(&r, &[], &[fin], true).0,
+            holder_state(&r, &[], &[fin.clone()], true).0,
             HolderState::Gone {
                 final_in_flight: true
+            }
+        );
+        // A heartbeat still uploading keeps the wait too (its capture may be the final one);
+        // one that ended, or a manual checkpoint, does not.
+        let mut heartbeat = fin;
+        heartbeat.spec.reason = CheckpointReason::Heartbeat;
+        assert_eq!(
+            holder_state(&r, &[], &[heartbeat.clone()], true).0,
+            HolderState::Gone {
+                final_in_flight: true
+            }
+        );
+        let mut ended = heartbeat.clone();
+        ended.status.as_mut().unwrap().phase = Some(stasis_api::CheckpointPhase::Succeeded);
+        let mut manual = heartbeat;
+        manual.spec.reason = CheckpointReason::Manual;
+        assert_eq!(
+            holder_state(&r, &[], &[ended, manual], true).0,
+            HolderState::Gone {
+                final_in_flight: false
             }
         );
         // A fresh claim whose pod is not there yet.

@@ -22,6 +22,7 @@ pub mod gc;
 pub mod holder;
 pub mod leader;
 pub mod metrics;
+pub mod owners;
 pub mod reconcile;
 pub mod record;
 pub mod schedule;

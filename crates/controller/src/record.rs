@@ -373,7 +373,8 @@ pub enum HolderState {
     Ended,
     /// No such pod (any more).
     Gone {
-        /// A termination `PodCheckpoint` of the pod is still pending or running.
+        /// A termination `PodCheckpoint` of the pod, or a heartbeat (whose capture may be the
+        /// final checkpoint), is still pending or running.
         final_in_flight: bool,
     },
     /// The claim is recent and its pod has not appeared yet.

@@ -172,6 +172,7 @@ impl Caches {
                 stasis_core::time::now_ms(),
             )),
             store: None,
+            owners: None,
         })
     }
 }

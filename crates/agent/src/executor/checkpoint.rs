@@ -160,7 +160,7 @@ impl Executor {
             self.record_final(&pod.pod_uid, reference.clone(), ids.clone());
         }
         if let Some(tx) = &job.on_captured {
-            let _ = tx.send(reference);
+            let _ = tx.send(reference.clone());
         }
         let mut labels = BTreeMap::from([
             (label::LINEAGE.to_owned(), job.stamp.lineage.to_string()),
@@ -238,7 +238,7 @@ impl Executor {
         };
         let (freeze_ms, dump_ms) = (draft.timings.frozen_ms, draft.timings.dump_ms);
         let left = remaining("for the upload")?;
-        let stop = job.upload_stop.as_ref().map(|s| s.uploading());
+        let stop = job.upload_stop.as_ref().map(|s| s.uploading(&reference));
         let t = Instant::now();
         let put =
             self.store

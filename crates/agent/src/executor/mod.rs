@@ -125,9 +125,9 @@ pub struct CheckpointJob {
 /// How a checkpoint's upload can be stopped for a newer checkpoint of the same pod (the agent's
 /// implementation: [`crate::busy::Busy::upload_stop`]).
 pub trait UploadStop: Send + Sync + std::fmt::Debug {
-    /// The capture is done and the upload starts: from now on the upload stops when the
-    /// receiver turns `true`.
-    fn uploading(&self) -> tokio::sync::watch::Receiver<bool>;
+    /// The capture is done and the upload of `reference` starts: from now on the upload stops
+    /// when the receiver turns `true`.
+    fn uploading(&self, reference: &str) -> tokio::sync::watch::Receiver<bool>;
 }
 
 /// How long the eviction responder's checkpoint holds a pod frozen from the checkpoint's start,

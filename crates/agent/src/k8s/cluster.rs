@@ -270,6 +270,16 @@ impl Cluster for KubeCluster {
             .block_on(self.emit(&pod.key, skipped, message, true));
     }
 
+    fn final_adopted(&self, pod: &PodInfo, reference: &str) {
+        let message = format!(
+            "the final checkpoint is the heartbeat {reference}, captured as the pod began to stop; \
+             the pod stops now and the heartbeat's upload goes on (the replacement waits for it)"
+        );
+        let checkpointed = names::event::CHECKPOINTED;
+        self.rt
+            .block_on(self.emit(&pod.key, checkpointed, &message, false));
+    }
+
     fn out_of_step(&self, pod: &PodRef, what: &OutOfStep) {
         if let Some(key) = self.key_of(pod) {
             self.rt

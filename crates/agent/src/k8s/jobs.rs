@@ -9,6 +9,7 @@ use stasis_core::CheckpointRef;
 use tracing::{info, warn};
 
 use super::{image_digest, not_opted_in, restore_mismatch, single_container, KubeCluster};
+use crate::busy::FinalWait;
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointJob, CheckpointOutcome, PrepareJob, Target};
 use crate::fence;
@@ -85,7 +86,10 @@ impl KubeCluster {
                 | CheckpointReason::MaintenanceNotice
         ) {
             let fits = |left| agent.exec.supersedes_upload(uid, left);
-            agent.busy.take_superseding(uid, deadline, fits)
+            match agent.busy.take_for_final(uid, deadline, None, fits) {
+                FinalWait::Taken(g) => Some(g),
+                FinalWait::Adopted(_) | FinalWait::TimedOut => None,
+            }
         } else {
             agent.busy.take_by(uid, deadline)
         };

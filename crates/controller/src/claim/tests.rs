@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 use serde_json::json;
@@ -588,4 +589,84 @@ async fn the_holders_of_several_lineages_are_one_pod_list() {
         .map(|(_, p, _)| p.clone())
         .collect();
     assert_eq!(lists.len(), 1, "{lists:#?}");
+}
+
+fn owner_meta(name: &str, uid: &str, controller: Option<(&str, &str)>) -> ObjectMeta {
+    ObjectMeta {
+        namespace: Some("prod".into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+        owner_references: controller.map(|(n, u)| {
+            vec![OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                name: n.into(),
+                uid: u.into(),
+                controller: Some(true),
+                ..OwnerReference::default()
+            }]
+        }),
+        ..ObjectMeta::default()
+    }
+}
+
+/// With the owners' metadata cached (`crate::owners`), an admission of a ReplicaSet's pod reads
+/// neither its ReplicaSet nor its Deployment from the API server, and decides as before.
+#[tokio::test]
+async fn an_admission_reads_its_owners_from_the_cache() {
+    let l = orphaned_lineage();
+    let (client, seen, _store) = api_server_with_records(routes(&[]), std::slice::from_ref(&l));
+    let hook = Arc::new(Webhook {
+        checkpoints: crate::cache::Checkpoints::of(vec![checkpoint_object()]),
+        owners: Some(crate::owners::OwnerCache::of(
+            vec![owner_meta(
+                "web-6d4f9",
+                "rs-real",
+                Some(("web", "dep-real")),
+            )],
+            vec![owner_meta("web", "dep-real", None)],
+        )),
+        ..Arc::into_inner(hook_with(client)).unwrap()
+    });
+    let pod = admit(&hook, "web-6d4f9-a", "uid-a").await;
+    assert_eq!(
+        pod.metadata.annotations.unwrap()[names::DECISION],
+        "Restore"
+    );
+    let calls = calls(&seen);
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.contains("/replicasets/") || c.contains("/deployments/")),
+        "{calls:#?}"
+    );
+}
+
+/// A cached owner whose UID is not the one the reference names (deleted and created again
+/// under the same name, and the cache behind) is read from the API server: the answer is the
+/// API server's, here the real ReplicaSet, and the restore is decided.
+#[tokio::test]
+async fn an_owner_cached_under_another_uid_is_read_from_the_api_server() {
+    let l = orphaned_lineage();
+    let (client, seen, _store) = api_server_with_records(routes(&[]), std::slice::from_ref(&l));
+    let hook = Arc::new(Webhook {
+        checkpoints: crate::cache::Checkpoints::of(vec![checkpoint_object()]),
+        owners: Some(crate::owners::OwnerCache::of(
+            vec![owner_meta("web-6d4f9", "rs-old", Some(("web", "dep-old")))],
+            vec![owner_meta("web", "dep-old", None)],
+        )),
+        ..Arc::into_inner(hook_with(client)).unwrap()
+    });
+    let pod = admit(&hook, "web-6d4f9-a", "uid-a").await;
+    assert_eq!(
+        pod.metadata.annotations.unwrap()[names::DECISION],
+        "Restore"
+    );
+    let calls = calls(&seen);
+    for owner in ["/replicasets/web-6d4f9", "/deployments/web"] {
+        assert!(
+            calls.iter().any(|c| c.ends_with(owner)),
+            "{owner}: {calls:#?}"
+        );
+    }
 }

@@ -105,6 +105,9 @@ pub struct Context {
     pub evictions: Mutex<stasis_core::interval::EvictionLog>,
     /// The store, for deleting manifests by retention (`None`: CRs only).
     pub store: Option<stasis_store::Store>,
+    /// The process's cache of owners' metadata, asked before the API server when a pod's
+    /// workload is verified (`None`: read from the API server).
+    pub owners: Option<crate::owners::OwnerCache>,
 }
 
 impl Context {
@@ -218,6 +221,8 @@ pub struct Setup {
     pub store: Option<stasis_store::Store>,
     /// The `PodCheckpoint` cache the process keeps for the webhook ([`Checkpoints::watch`]).
     pub checkpoints: Checkpoints,
+    /// The owners' metadata cache the process keeps for the webhook.
+    pub owners: Option<crate::owners::OwnerCache>,
     /// The process's stop (its signal handler is the binary's): the reconcilers finish what
     /// they are doing and return.
     pub shutdown: Shutdown,
@@ -280,6 +285,7 @@ pub async fn run(setup: Setup) -> Result<()> {
             stasis_core::time::now_ms(),
         )),
         store: setup.store,
+        owners: setup.owners,
     });
     let cks = ck_ctrl
         .graceful_shutdown_on(setup.shutdown.stopped())

@@ -33,7 +33,7 @@ pub(crate) async fn mutate(
     };
     // The owners the pod names must exist with those UIDs: otherwise nothing is claimed or
     // written, and the answer names no lineage.
-    let identity = verified_identity(&hook.client, &ns, &pod).await?;
+    let identity = verified_identity(&hook.client, hook.owners.as_ref(), &ns, &pod).await?;
     steps.done("owners");
     let workload = match identity {
         Ok(w) => w.key(),

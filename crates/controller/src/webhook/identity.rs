@@ -2,6 +2,7 @@
 //! review cannot name a workload that does not exist.
 
 use super::*;
+use crate::owners::OwnerCache;
 
 /// The workload of a pod at admission, its owners read from the API server: the controlling
 /// owner must exist with the UID its reference names, and a ReplicaSet's own controlling
@@ -9,8 +10,12 @@ use super::*;
 /// one the ReplicaSet names, never one guessed from names (docs/design.md §10.2). `Err` with a
 /// metric label and the reason when the pod has no identity, or names owners that are not
 /// there (a forged request, a stale reference).
+///
+/// `owners`: the process's owner metadata cache ([`crate::owners`]), asked first; `None` reads
+/// every owner from the API server.
 pub async fn verified_identity(
     client: &Client,
+    owners: Option<&OwnerCache>,
     ns: &str,
     pod: &Pod,
 ) -> Result<std::result::Result<WorkloadIdentity, (&'static str, String)>> {
@@ -24,7 +29,7 @@ pub async fn verified_identity(
             .find(|o| o.controller == Some(true))
             .map(|o| o.api_version.clone())
             .unwrap_or_default();
-        let found = owner_meta(client, ns, &api_version, &owner.kind, &owner.name).await?;
+        let found = cached_owner_meta(client, owners, ns, &api_version, &owner).await?;
         if let Err(e) = check_owner(&owner, found.as_ref().and_then(|m| m.uid.as_deref())) {
             return Ok(Err(("UnverifiedOwner", e.to_string())));
         }
@@ -46,7 +51,7 @@ pub async fn verified_identity(
             if let Some((api_version, d)) =
                 rs_owner.as_ref().filter(|(_, d)| d.kind == "Deployment")
             {
-                let found = owner_meta(client, ns, api_version, &d.kind, &d.name).await?;
+                let found = cached_owner_meta(client, owners, ns, api_version, d).await?;
                 if let Err(e) = check_owner(d, found.as_ref().and_then(|m| m.uid.as_deref())) {
                     return Ok(Err((
                         "UnverifiedOwner",
@@ -58,6 +63,23 @@ pub async fn verified_identity(
         }
     }
     Ok(WorkloadIdentity::of(&facts).map_err(|e| ("NoIdentity", e.to_string())))
+}
+
+/// The metadata of `owner` from the cache when it holds it with the UID the reference names,
+/// else from the API server ([`owner_meta`]).
+async fn cached_owner_meta(
+    client: &Client,
+    owners: Option<&OwnerCache>,
+    ns: &str,
+    api_version: &str,
+    owner: &OwnerFacts,
+) -> Result<Option<ObjectMeta>> {
+    let group = api_version.split_once('/').map_or("", |(g, _)| g);
+    if let Some(meta) = owners.and_then(|c| c.get(group, &owner.kind, ns, &owner.name, &owner.uid))
+    {
+        return Ok(Some(meta));
+    }
+    owner_meta(client, ns, api_version, &owner.kind, &owner.name).await
 }
 
 /// The metadata of a pod's owner object, `None` when there is no such object. The built-in

@@ -75,6 +75,9 @@ pub struct Webhook {
     pub policies: Option<kube::runtime::reflector::Store<CheckpointPolicy>>,
     /// The process's Node cache, for the nodes a restoring pod prefers (`None`: no preference).
     pub nodes: Option<kube::runtime::reflector::Store<Node>>,
+    /// The process's cache of owners' metadata, asked before the API server (`None`: every
+    /// owner read from the API server, as in tests).
+    pub owners: Option<crate::owners::OwnerCache>,
     pub metrics: Metrics,
     pub cfg: WebhookConfig,
 }

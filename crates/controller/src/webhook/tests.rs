@@ -40,6 +40,7 @@ pub(crate) fn offline_hook() -> Arc<Webhook> {
         checkpoints: crate::cache::Checkpoints::unsynced(),
         policies: None,
         nodes: None,
+        owners: None,
         client,
         metrics: Metrics::default(),
         cfg: WebhookConfig {
@@ -246,6 +247,7 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
         checkpoints: crate::cache::Checkpoints::unsynced(),
         policies: None,
         nodes: None,
+        owners: None,
         client,
         metrics: Metrics::default(),
         cfg: offline_hook().cfg.clone(),
@@ -339,6 +341,7 @@ pub(crate) fn hook_with(client: Client) -> Arc<Webhook> {
         checkpoints: crate::cache::Checkpoints::unsynced(),
         policies: None,
         nodes: None,
+        owners: None,
         client,
         metrics: Metrics::default(),
         cfg: offline_hook().cfg.clone(),
