@@ -140,7 +140,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            holder_state(&r, &[], &[fin.clone()], true).0,
+            holder_state(&r, &[], std::slice::from_ref(&fin), true).0,
             HolderState::Gone {
                 final_in_flight: true
             }
