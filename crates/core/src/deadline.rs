@@ -12,8 +12,10 @@
 //!   capture is done and whose upload is running holds older memory than the final checkpoint
 //!   would: its upload is stopped (nothing of it is published) when the final checkpoint is
 //!   estimated to fit in the time left ([`supersedes_upload`]), so that a pod whose checkpoints
-//!   take most of a grace period still ends on its final state. Otherwise it is let finish: it
-//!   is then the newest state that can be published before the deadline.
+//!   take most of a grace period still ends on its final state. Otherwise (and when the stop
+//!   came during its capture, which then holds the state at the stop) the agent takes that
+//!   heartbeat as the final checkpoint: it is the newest state that can be published before
+//!   the deadline (`stasis_agent::busy`).
 //! - Without a measured cost (the pod's first checkpoint on this node) the final checkpoint is
 //!   taken, as is one with nothing published to fall back to: it is the only chance to keep the
 //!   pod's state, and a cut-off upload publishes nothing.
@@ -103,7 +105,7 @@ pub fn final_checkpoint(left: Duration, measured: &[Measured], latest: &Latest) 
 /// Whether a termination checkpoint that finds a heartbeat of its pod uploading stops that
 /// upload: only when the pod's measured cost ([`interval::checkpoint_cost`]) fits in `left`.
 /// Without a measurement nothing says the final checkpoint can finish, and the heartbeat, whose
-/// capture is done, is the state closest to the stop that is sure to be published.
+/// capture is done, is the state closest to the stop that is likely to be published.
 pub fn supersedes_upload(left: Duration, measured: &[Measured]) -> bool {
     interval::checkpoint_cost(measured).is_some_and(|estimate| estimate <= left)
 }
