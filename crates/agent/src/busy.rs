@@ -10,13 +10,13 @@
 //! period goes to the state the replacement should resume from.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::executor::UploadStop;
+use crate::executor::{CheckpointOutcome, UploadStop};
 
 /// Pods with a checkpoint in progress: one at a time per pod. A waiter sleeps on a condition
 /// variable until a checkpoint ends or reaches its upload, not in a poll.
@@ -44,15 +44,21 @@ struct Upload {
     since: Instant,
     /// Taken as the pod's final checkpoint: never stopped.
     adopted: bool,
+    /// Told the heartbeat's end once it is adopted (its termination record follows it).
+    outcome: Option<mpsc::Sender<AdoptedEnd>>,
 }
+
+/// How an adopted heartbeat ended: its outcome, or why it failed.
+pub type AdoptedEnd = std::result::Result<CheckpointOutcome, String>;
 
 /// How a termination checkpoint's wait for its pod ended ([`Busy::take_for_final`]).
 pub enum FinalWait<'a> {
     /// The pod is free: take the final checkpoint.
     Taken(BusyGuard<'a>),
     /// The heartbeat whose capture is done is the final checkpoint (its reference): its upload
-    /// goes on, and the stop may go on now.
-    Adopted(String),
+    /// goes on, and the stop may go on now. The first to adopt it is told how it ends (the
+    /// others of the pod's containers get `None`).
+    Adopted(String, Option<mpsc::Receiver<AdoptedEnd>>),
     /// Still held at the deadline.
     TimedOut,
 }
@@ -86,7 +92,7 @@ impl Busy {
     pub fn take_by(&self, uid: &str, deadline: Instant) -> Option<BusyGuard<'_>> {
         match self.take_for_final(uid, deadline, None, |_| false) {
             FinalWait::Taken(g) => Some(g),
-            FinalWait::Adopted(_) | FinalWait::TimedOut => None,
+            FinalWait::Adopted(..) | FinalWait::TimedOut => None,
         }
     }
 
@@ -118,9 +124,14 @@ impl Busy {
             if let Some(upload) = pods.get_mut(uid).and_then(|h| h.upload.as_mut()) {
                 let stopped = *upload.stop.borrow();
                 let adopt = |u: &mut Upload| {
+                    let ends = (!u.adopted).then(|| {
+                        info!(pod_uid = %uid, reference = %u.reference, "the pod's heartbeat, captured, is its final checkpoint; its upload goes on");
+                        let (tx, rx) = mpsc::channel();
+                        u.outcome = Some(tx);
+                        rx
+                    });
                     u.adopted = true;
-                    info!(pod_uid = %uid, reference = %u.reference, "the pod's heartbeat, captured, is its final checkpoint; its upload goes on");
-                    FinalWait::Adopted(u.reference.clone())
+                    FinalWait::Adopted(u.reference.clone(), ends)
                 };
                 match adopt_since {
                     _ if stopped => {}
@@ -206,6 +217,7 @@ impl UploadStop for HeartbeatUpload {
                     reference: reference.to_owned(),
                     since: Instant::now(),
                     adopted: false,
+                    outcome: None,
                 })
             }
             // Not held (a caller without the guard): nothing can stop it; the receiver stays
@@ -215,6 +227,17 @@ impl UploadStop for HeartbeatUpload {
         drop(pods);
         self.busy.changed.notify_all();
         rx
+    }
+
+    fn finished(&self, r: &crate::error::Result<CheckpointOutcome>) {
+        let pods = self.busy.pods();
+        let adopter = pods
+            .get(&self.uid)
+            .and_then(|h| h.upload.as_ref())
+            .and_then(|u| u.outcome.as_ref());
+        if let Some(tx) = adopter {
+            let _ = tx.send(r.as_ref().map(Clone::clone).map_err(ToString::to_string));
+        }
     }
 }
 
@@ -311,7 +334,7 @@ mod tests {
             std::thread::spawn(move || {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 match b.take_for_final("u1", deadline, Some(asked), |_| true) {
-                    FinalWait::Adopted(r) => Some(r),
+                    FinalWait::Adopted(r, _) => Some(r),
                     _ => None,
                 }
             })
@@ -324,7 +347,7 @@ mod tests {
         let soon = Instant::now() + Duration::from_secs(10);
         assert!(matches!(
             b.take_for_final("u1", soon, Some(Instant::now()), |_| true),
-            FinalWait::Adopted(r) if r == "l/hb"
+            FinalWait::Adopted(r, _) if r == "l/hb"
         ));
         let brief = Instant::now() + Duration::from_millis(100);
         assert!(matches!(
@@ -346,7 +369,7 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(10);
         assert!(matches!(
             b.take_for_final("u1", later, Some(Instant::now()), |_| false),
-            FinalWait::Adopted(r) if r == "l/hb"
+            FinalWait::Adopted(r, _) if r == "l/hb"
         ));
         // Without adoption (another pod here): the upload is waited for, never stopped.
         let b2 = Arc::new(Busy::default());

@@ -472,11 +472,28 @@ impl Agent {
                 let adopt_since = job.on_captured.is_some().then_some(asked);
                 let _g = match busy.take_for_final(&uid, deadline, adopt_since, fits) {
                     FinalWait::Taken(g) => g,
-                    FinalWait::Adopted(reference) => {
-                        exec.metrics.checkpoint("final_adopted");
-                        cluster.final_adopted(&info, &reference);
+                    FinalWait::Adopted(reference, ends) => {
                         if let Some(captured) = &job.on_captured {
                             let _ = captured.send(reference.clone());
+                        }
+                        // The first of the pod's stops to adopt it: counted, said, and recorded
+                        // as the pod's termination checkpoint once the heartbeat ends, so that
+                        // the controller and users see the final checkpoint as for any stop.
+                        if let Some(ends) = ends {
+                            exec.metrics.checkpoint("final_adopted");
+                            cluster.final_adopted(&info, &reference);
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            let record =
+                                cluster.checkpoint_started(&info, &stamp, "Termination", left);
+                            let r = ends.recv().unwrap_or_else(|_| {
+                                Err("the heartbeat ended without a word".into())
+                            });
+                            let r = r.map_err(|why| {
+                                AgentError::Invalid(format!(
+                                    "the heartbeat {reference} taken as the final checkpoint failed: {why}"
+                                ))
+                            });
+                            cluster.checkpoint_finished(record.as_deref(), &info, &stamp, &r);
                         }
                         let _ = tx.send(Ok(FinalEnd::Published(reference, 0)));
                         return;

@@ -46,6 +46,9 @@ use common::*;
 #[derive(Default)]
 struct Recording {
     skipped: Mutex<Vec<String>>,
+    /// The termination records started (their reasons) and how they finished (the reference,
+    /// or the error).
+    records: Mutex<Vec<(String, Option<std::result::Result<String, String>>)>>,
 }
 
 impl Cluster for Recording {
@@ -58,17 +61,24 @@ impl Cluster for Recording {
     fn fence(&self, stamp: &Stamp) -> Verdict {
         Standalone.fence(stamp)
     }
-    fn checkpoint_started(&self, p: &PodInfo, s: &Stamp, r: &str, t: Duration) -> Option<String> {
-        Standalone.checkpoint_started(p, s, r, t)
+    fn checkpoint_started(&self, _: &PodInfo, _: &Stamp, r: &str, _: Duration) -> Option<String> {
+        let mut records = self.records.lock().unwrap();
+        records.push((r.to_owned(), None));
+        Some((records.len() - 1).to_string())
     }
     fn checkpoint_finished(
         &self,
         rec: Option<&str>,
-        p: &PodInfo,
-        s: &Stamp,
+        _: &PodInfo,
+        _: &Stamp,
         r: &Result<CheckpointOutcome>,
     ) {
-        Standalone.checkpoint_finished(rec, p, s, r)
+        let i: usize = rec.expect("a record").parse().unwrap();
+        self.records.lock().unwrap()[i].1 = Some(
+            r.as_ref()
+                .map(|o| o.reference.clone())
+                .map_err(|e| e.to_string()),
+        );
     }
     fn report(&self, req: &ReportRequest, delivery: Delivery) {
         Standalone.report(req, delivery)
@@ -413,6 +423,13 @@ fn a_termination_stops_a_heartbeat_upload_and_publishes_its_own_checkpoint() {
     };
     assert_eq!(checkpoint_ref, third.reference);
     assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    // Recorded as the pod's termination checkpoint once the heartbeat published.
+    let want = ("Termination".to_owned(), Some(Ok(third.reference.clone())));
+    wait_for(
+        "the termination record of the adopted heartbeat",
+        10,
+        || cluster.records.lock().unwrap().last() == Some(&want),
+    );
     assert_eq!(
         metric(
             &agent,

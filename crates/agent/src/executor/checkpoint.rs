@@ -36,6 +36,9 @@ impl Executor {
         fence: &dyn Fn() -> Verdict,
     ) -> Result<CheckpointOutcome> {
         let r = self.checkpoint_inner(job, fence);
+        if let Some(s) = &job.upload_stop {
+            s.finished(&r);
+        }
         crate::mem::trim();
         match &r {
             Ok(o) => {

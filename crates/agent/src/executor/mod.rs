@@ -128,6 +128,8 @@ pub trait UploadStop: Send + Sync + std::fmt::Debug {
     /// The capture is done and the upload of `reference` starts: from now on the upload stops
     /// when the receiver turns `true`.
     fn uploading(&self, reference: &str) -> tokio::sync::watch::Receiver<bool>;
+    /// The checkpoint ended (published, stopped, failed), before its caller lets the pod go.
+    fn finished(&self, _outcome: &Result<CheckpointOutcome>) {}
 }
 
 /// How long the eviction responder's checkpoint holds a pod frozen from the checkpoint's start,

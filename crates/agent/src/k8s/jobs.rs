@@ -88,7 +88,7 @@ impl KubeCluster {
             let fits = |left| agent.exec.supersedes_upload(uid, left);
             match agent.busy.take_for_final(uid, deadline, None, fits) {
                 FinalWait::Taken(g) => Some(g),
-                FinalWait::Adopted(_) | FinalWait::TimedOut => None,
+                FinalWait::Adopted(..) | FinalWait::TimedOut => None,
             }
         } else {
             agent.busy.take_by(uid, deadline)
