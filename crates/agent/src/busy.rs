@@ -236,7 +236,11 @@ impl UploadStop for HeartbeatUpload {
             .and_then(|h| h.upload.as_ref())
             .and_then(|u| u.outcome.as_ref());
         if let Some(tx) = adopter {
-            let _ = tx.send(r.as_ref().map(Clone::clone).map_err(ToString::to_string));
+            let end = match r {
+                Ok(o) => Ok(o.clone()),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = tx.send(end);
         }
     }
 }
