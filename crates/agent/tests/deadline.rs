@@ -48,8 +48,11 @@ struct Recording {
     skipped: Mutex<Vec<String>>,
     /// The termination records started (their reasons) and how they finished (the reference,
     /// or the error).
-    records: Mutex<Vec<(String, Option<std::result::Result<String, String>>)>>,
+    records: Mutex<Vec<(String, Option<RecordEnd>)>>,
 }
+
+/// How a termination record finished: its checkpoint's reference, or the error.
+type RecordEnd = std::result::Result<String, String>;
 
 impl Cluster for Recording {
     fn pod(&self, pod: &PodRef) -> Option<PodInfo> {
