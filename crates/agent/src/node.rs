@@ -1,7 +1,7 @@
 //! The agent's node side: the [`NodeHandler`] behind the socket (its checkpoints taken one at a
-//! time per pod, [`crate::busy`]), and the [`Cluster`] seam through which it learns about pods and reports to the
-//! API server (the Kubernetes implementation is `k8s::KubeCluster`; [`Standalone`] needs no
-//! cluster).
+//! time per pod, [`crate::busy`]), and the [`Cluster`] seam through which it learns about pods
+//! and reports to the API server (the Kubernetes implementation is `k8s::KubeCluster`;
+//! [`Standalone`] needs no cluster).
 
 use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc};
