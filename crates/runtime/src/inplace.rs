@@ -77,8 +77,16 @@ pub enum Waited {
 
 /// Waits for the plan of a restart in place while a pending note says one is being prepared,
 /// up to the note's bound (and never more than [`MAX_PREPARE_WAIT_MS`] from `now_ms`). The note
-/// is removed whatever the outcome: one wait per restart.
-pub fn wait_for_plan(plans_dir: &Path, pod_uid: &str, container_name: &str, now_ms: u64) -> Waited {
+/// is removed whatever the outcome: one wait per restart. `at_most` bounds it further (what is
+/// left of the create's own budget, so that asking and waiting together stay within the
+/// kubelet's patience).
+pub fn wait_for_plan(
+    plans_dir: &Path,
+    pod_uid: &str,
+    container_name: &str,
+    now_ms: u64,
+    at_most: Duration,
+) -> Waited {
     let (Some(pending_path), Some(plan_path), Some(failed_path)) = (
         planfile::path_for_pending(plans_dir, pod_uid, container_name),
         planfile::path_for_pod(plans_dir, pod_uid, container_name),
@@ -95,7 +103,8 @@ pub fn wait_for_plan(plans_dir: &Path, pod_uid: &str, container_name: &str, now_
             return Waited::NotPending;
         }
     };
-    let bound = Duration::from_millis((pending.until_unix_ms - now_ms).min(MAX_PREPARE_WAIT_MS));
+    let bound = Duration::from_millis((pending.until_unix_ms - now_ms).min(MAX_PREPARE_WAIT_MS))
+        .min(at_most);
     let waited = wait_until(
         &plan_path,
         &failed_path,
@@ -209,6 +218,29 @@ mod tests {
         stasis_core::time::now_ms()
     }
 
+    /// No bound of the caller's own.
+    const MAX_WAIT: Duration = Duration::from_millis(MAX_PREPARE_WAIT_MS);
+
+    /// What is left of the create's budget bounds the wait, whatever the note allows: a create
+    /// that spent most of it asking an agent does not wait the note's full minute on top.
+    #[test]
+    fn the_callers_budget_bounds_the_wait() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("plans");
+        record_pending(&dir, "u1", "app", "l/1", 60_000, now()).unwrap();
+        let started = Instant::now();
+        let waited = wait_for_plan(&dir, "u1", "app", now(), Duration::from_millis(200));
+        assert!(
+            matches!(waited, Waited::TimedOut { ref checkpoint_ref, .. } if checkpoint_ref == "l/1"),
+            "{waited:?}"
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+    }
+
     /// A lazy plan whose daemon died with its agent: `create` waits for the next agent's plan
     /// (written after it withdrew the stale one), not for the stale one, and takes it once its
     /// daemon listens.
@@ -277,12 +309,12 @@ mod tests {
         let dir = t.path().join("plans");
         let started = Instant::now();
         assert!(matches!(
-            wait_for_plan(&dir, "u1", "app", now()),
+            wait_for_plan(&dir, "u1", "app", now(), MAX_WAIT),
             Waited::NotPending
         ));
         record_pending(&dir, "u1", "app", "l/1", 5_000, now() - 10_000).unwrap();
         assert!(matches!(
-            wait_for_plan(&dir, "u1", "app", now()),
+            wait_for_plan(&dir, "u1", "app", now(), MAX_WAIT),
             Waited::NotPending
         ));
         assert!(!dir.join("pod_u1_app.pending").exists());
@@ -303,7 +335,7 @@ mod tests {
             })
         };
         let started = Instant::now();
-        match wait_for_plan(&dir, "u1", "app", now()) {
+        match wait_for_plan(&dir, "u1", "app", now(), MAX_WAIT) {
             Waited::Plan { plan, file } => {
                 assert_eq!(plan, plan_file());
                 assert_eq!(file, dir.join("pod_u1_app.json"));
@@ -337,7 +369,7 @@ mod tests {
         record_pending(&dir, "u1", "app", "l/1", 300, now()).unwrap();
         assert!(!failed.exists());
         let started = Instant::now();
-        match wait_for_plan(&dir, "u1", "app", now()) {
+        match wait_for_plan(&dir, "u1", "app", now(), MAX_WAIT) {
             Waited::TimedOut {
                 checkpoint_ref,
                 waited_ms,
@@ -352,7 +384,7 @@ mod tests {
         record_pending(&dir, "u1", "app", "l/1", 30_000, now()).unwrap();
         planfile::write_failed(&failed, &note).unwrap();
         let started = Instant::now();
-        match wait_for_plan(&dir, "u1", "app", now()) {
+        match wait_for_plan(&dir, "u1", "app", now(), MAX_WAIT) {
             Waited::Failed(f) => assert_eq!(f, note),
             other => panic!("{other:?}"),
         }

@@ -33,15 +33,18 @@ impl Ctx {
                 }
             }
         }
-        self.ask_again_after_lost_memory(id, kind);
-        // A restart in place the agent is preparing: wait for its plan (bounded by its answer).
+        let asking = self.ask_again_after_lost_memory(id, kind);
+        // A restart in place the agent is preparing: wait for its plan (bounded by its answer,
+        // and with the asking above by one restart's bound in all).
+        let at_most =
+            Duration::from_millis(stasis_node_api::MAX_PREPARE_WAIT_MS).saturating_sub(asking);
         let missing = |cause, reason| Lookup::Missing {
             cause,
             reason,
             skip_report: false,
             expected: false,
         };
-        match inplace::wait_for_plan(&dir, &pod.pod_uid, &pod.container_name, now_ms()) {
+        match inplace::wait_for_plan(&dir, &pod.pod_uid, &pod.container_name, now_ms(), at_most) {
             Waited::NotPending => {}
             Waited::Plan { plan, file } => {
                 return Lookup::Found {
@@ -214,15 +217,18 @@ impl Ctx {
     /// the next agent is asked to restore its checkpoint again, in place, as for a restore lost
     /// before its container started, waiting for an agent to answer up to the bound of any
     /// restart in place. Its `preparing` answer is the pending note the lookup then waits on;
-    /// without one the container starts cold as it would have.
-    fn ask_again_after_lost_memory(&self, id: &str, kind: &ContainerKind) {
+    /// without one the container starts cold as it would have. Returns how long it asked: the
+    /// wait for the plan gets the rest of that bound, so that the create (the kubelet waits 2
+    /// minutes for it) never waits twice the bound.
+    fn ask_again_after_lost_memory(&self, id: &str, kind: &ContainerKind) -> Duration {
         let pod = pod_of(kind);
         let Some(checkpoint_ref) =
             planfile::lazy_work_dir(&self.cfg.plans_dir(), &pod.pod_uid, &pod.container_name)
                 .and_then(|dir| lazy::take_killed(&dir))
         else {
-            return;
+            return Duration::ZERO;
         };
+        let started = Instant::now();
         let what = format!(
             "the container restored lazily from {checkpoint_ref} before {id} was ended as its agent died before all its memory arrived"
         );
@@ -236,10 +242,11 @@ impl Ctx {
                         stasis_node_api::MAX_PREPARE_WAIT_MS / 1000
                     ),
                 );
-                return;
+                return started.elapsed();
             }
             std::thread::sleep(Duration::from_secs(1));
         }
+        started.elapsed()
     }
 
     /// A lazy plan (at `file`) whose `criu lazy-pages` daemon is gone: its agent died after
