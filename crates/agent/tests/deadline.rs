@@ -139,37 +139,10 @@ fn a_final_checkpoint_that_cannot_finish_in_time_is_skipped_before_the_freeze() 
     let rt = runtime();
     let exec = executor(&w, &rt);
     let (uid, pod_name) = ("uid-deadline-1", "counter-d");
-    let b = pod_bundle(&w, "b1", &["STATE_MB=16", "INTERVAL_MS=50"], uid, pod_name);
-    let lines = w.run_piped(&b, "d1");
-    wait_counts(&lines, 5);
-    let cluster = Arc::new(Recording::default());
-    let agent = Agent {
-        exec: exec.clone(),
-        cluster: cluster.clone(),
-        busy: Arc::new(Busy::default()),
-    };
+    let (lines, cluster, agent, key) = counter_pod(&mut w, &exec, uid, pod_name, 16);
 
     // A heartbeat, published: what the replacement restores when the final one is skipped.
-    let key = PodKey {
-        namespace: "default".into(),
-        name: pod_name.into(),
-        uid: uid.into(),
-    };
-    let job = CheckpointJob {
-        target: Target::ContainerId("d1".into()),
-        namespace: "default".into(),
-        pod_name: pod_name.into(),
-        stamp: cluster.stamp(&key).unwrap(),
-        spec_hash: None,
-        declared: BTreeMap::new(),
-        reason: "Heartbeat".into(),
-        leave_running: true,
-        deadline: None,
-        on_captured: None,
-        expected: Vec::new(),
-        hold: None,
-        upload_stop: None,
-    };
+    let job = heartbeat_of(cluster.stamp(&key).unwrap(), "d1", pod_name);
     let heartbeat = agent.checkpoint(&job).expect("heartbeat");
     eprintln!(
         "heartbeat {}: freeze {} ms, upload {} ms",
@@ -287,20 +260,7 @@ fn a_termination_stops_a_heartbeat_upload_and_publishes_its_own_checkpoint() {
         .unwrap();
     let exec = executor_on(&w, &rt, store, stasis_store::Key::random());
     let (uid, pod_name) = ("uid-supersede-1", "counter-s");
-    let b = pod_bundle(&w, "b1", &["STATE_MB=32", "INTERVAL_MS=50"], uid, pod_name);
-    let lines = w.run_piped(&b, "d1");
-    wait_counts(&lines, 5);
-    let cluster = Arc::new(Recording::default());
-    let agent = Agent {
-        exec: exec.clone(),
-        cluster: cluster.clone(),
-        busy: Arc::new(Busy::default()),
-    };
-    let key = PodKey {
-        namespace: "default".into(),
-        name: pod_name.into(),
-        uid: uid.into(),
-    };
+    let (_lines, cluster, agent, key) = counter_pod(&mut w, &exec, uid, pod_name, 32);
     let heartbeat = heartbeat_job(&agent, cluster.stamp(&key).unwrap(), "d1", uid, pod_name);
 
     // The first heartbeat runs to the end: the pod's measured cost, and what a cancelled upload
@@ -480,7 +440,21 @@ fn heartbeat_job(
     pod_name: &str,
 ) -> impl Fn() -> (Result<CheckpointOutcome>, Instant) + Clone + Send + 'static {
     let (busy, exec) = (agent.busy.clone(), agent.exec.clone());
-    let job = CheckpointJob {
+    let job = heartbeat_of(stamp, id, pod_name);
+    move || {
+        let _g = busy.try_take(uid).expect("the pod is free");
+        let job = CheckpointJob {
+            upload_stop: Some(busy.upload_stop(uid)),
+            ..job.clone()
+        };
+        let r = exec.checkpoint(&job, &|| Verdict::NoRecord);
+        (r, Instant::now())
+    }
+}
+
+/// A heartbeat of container `id` of pod `pod_name` (namespace `default`).
+fn heartbeat_of(stamp: stasis_agent::fence::Stamp, id: &str, pod_name: &str) -> CheckpointJob {
+    CheckpointJob {
         target: Target::ContainerId(id.into()),
         namespace: "default".into(),
         pod_name: pod_name.into(),
@@ -494,14 +468,32 @@ fn heartbeat_job(
         expected: Vec::new(),
         hold: None,
         upload_stop: None,
-    };
-    move || {
-        let _g = busy.try_take(uid).expect("the pod is free");
-        let job = CheckpointJob {
-            upload_stop: Some(busy.upload_stop(uid)),
-            ..job.clone()
-        };
-        let r = exec.checkpoint(&job, &|| Verdict::NoRecord);
-        (r, Instant::now())
     }
+}
+
+/// A counter of `state_mb` MiB as container `d1` of pod `pod_name` (`uid`), counting; its
+/// lines, the recording cluster, an agent over `exec` and the pod's key.
+fn counter_pod(
+    w: &mut World,
+    exec: &Arc<stasis_agent::executor::Executor>,
+    uid: &str,
+    pod_name: &str,
+    state_mb: u32,
+) -> (stasis_testkit::Lines, Arc<Recording>, Agent, PodKey) {
+    let state = format!("STATE_MB={state_mb}");
+    let b = pod_bundle(w, "b1", &[&state, "INTERVAL_MS=50"], uid, pod_name);
+    let lines = w.run_piped(&b, "d1");
+    wait_counts(&lines, 5);
+    let cluster = Arc::new(Recording::default());
+    let agent = Agent {
+        exec: exec.clone(),
+        cluster: cluster.clone(),
+        busy: Arc::new(Busy::default()),
+    };
+    let key = PodKey {
+        namespace: "default".into(),
+        name: pod_name.into(),
+        uid: uid.into(),
+    };
+    (lines, cluster, agent, key)
 }

@@ -21,10 +21,9 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Resource, ResourceExt};
-
-use futures::StreamExt;
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use stasis_api::cache::watch_all;
 
 /// The metadata watch caches of the owner kinds most pods have (a Deployment's pods name a
 /// ReplicaSet, which names the Deployment).
@@ -37,8 +36,11 @@ pub struct OwnerCache {
 impl OwnerCache {
     /// The caches, and the future that runs their watches (spawn it).
     pub fn watch(client: Client) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        let (replicasets, rs_watch) = watch_meta::<ReplicaSet>(client.clone());
-        let (deployments, deploy_watch) = watch_meta::<Deployment>(client);
+        // (An `Api` of `PartialObjectMeta` asks for metadata only.)
+        let (replicasets, rs_watch) =
+            watch_all::<PartialObjectMeta<ReplicaSet>, _>(client.clone(), || {});
+        let (deployments, deploy_watch) =
+            watch_all::<PartialObjectMeta<Deployment>, _>(client, || {});
         let run = async move {
             futures::join!(rs_watch, deploy_watch);
         };
@@ -82,41 +84,6 @@ impl OwnerCache {
         }?;
         (meta.uid.as_deref() == Some(uid)).then_some(meta)
     }
-}
-
-fn watch_meta<K>(
-    client: Client,
-) -> (
-    Store<PartialObjectMeta<K>>,
-    impl Future<Output = ()> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        // An `Api` of `PartialObjectMeta` asks for metadata only.
-        watcher::watcher(
-            Api::<PartialObjectMeta<K>>::all(client),
-            watcher::Config::default(),
-        )
-        .modify(|o| o.managed_fields_mut().clear()),
-    )
-    .default_backoff()
-    .for_each(|ev| {
-        if let Err(e) = ev {
-            tracing::debug!(kind = %K::kind(&()), error = %e, "owner metadata watch");
-        }
-        futures::future::ready(())
-    });
-    (store, stream)
 }
 
 fn store_of<K>(metas: Vec<ObjectMeta>) -> Store<PartialObjectMeta<K>>

@@ -140,25 +140,20 @@ impl KubeCluster {
                 info!(checkpoint = %name, reference = %o.reference, total_ms = o.total_ms, "checkpoint succeeded");
                 status::checkpoint_succeeded(prev, o, info.spec_hash.as_deref(), status::now())
             }
-            // Said on the PodCheckpoint only: the pod's final checkpoint has its own Events.
-            Err(e @ AgentError::Superseded(_)) => {
-                info!(checkpoint = %name, why = %e, "checkpoint superseded");
-                status::checkpoint_failed(
-                    prev,
-                    &self.node,
-                    status::failure_reason(e),
-                    &e.to_string(),
-                    status::now(),
-                )
-            }
             Err(e) => {
-                warn!(checkpoint = %name, error = %e, "checkpoint failed");
-                self.rt.block_on(self.emit(
-                    &info.key,
-                    reason::CHECKPOINT_FAILED,
-                    &e.to_string(),
-                    true,
-                ));
+                if matches!(e, AgentError::Superseded(_)) {
+                    // Said on the PodCheckpoint only: the pod's final checkpoint has its own
+                    // Events.
+                    info!(checkpoint = %name, why = %e, "checkpoint superseded");
+                } else {
+                    warn!(checkpoint = %name, error = %e, "checkpoint failed");
+                    self.rt.block_on(self.emit(
+                        &info.key,
+                        reason::CHECKPOINT_FAILED,
+                        &e.to_string(),
+                        true,
+                    ));
+                }
                 status::checkpoint_failed(
                     prev,
                     &self.node,

@@ -610,30 +610,30 @@ fn owner_meta(name: &str, uid: &str, controller: Option<(&str, &str)>) -> Object
     }
 }
 
-/// With the owners' metadata cached (`crate::owners`), an admission of a ReplicaSet's pod reads
-/// neither its ReplicaSet nor its Deployment from the API server, and decides as before.
-#[tokio::test]
-async fn an_admission_reads_its_owners_from_the_cache() {
+/// An admission of the orphaned lineage's ReplicaSet pod with the owners' cache holding the
+/// ReplicaSet and Deployment under `rs_uid` and `deploy_uid`: its decision and the API calls.
+async fn admit_with_owners(rs_uid: &str, deploy_uid: &str) -> (String, Vec<String>) {
     let l = orphaned_lineage();
     let (client, seen, _store) = api_server_with_records(routes(&[]), std::slice::from_ref(&l));
     let hook = Arc::new(Webhook {
         checkpoints: crate::cache::Checkpoints::of(vec![checkpoint_object()]),
         owners: Some(crate::owners::OwnerCache::of(
-            vec![owner_meta(
-                "web-6d4f9",
-                "rs-real",
-                Some(("web", "dep-real")),
-            )],
-            vec![owner_meta("web", "dep-real", None)],
+            vec![owner_meta("web-6d4f9", rs_uid, Some(("web", deploy_uid)))],
+            vec![owner_meta("web", deploy_uid, None)],
         )),
         ..Arc::into_inner(hook_with(client)).unwrap()
     });
     let pod = admit(&hook, "web-6d4f9-a", "uid-a").await;
-    assert_eq!(
-        pod.metadata.annotations.unwrap()[names::DECISION],
-        "Restore"
-    );
-    let calls = calls(&seen);
+    let decision = pod.metadata.annotations.unwrap()[names::DECISION].clone();
+    (decision, calls(&seen))
+}
+
+/// With the owners' metadata cached (`crate::owners`), an admission of a ReplicaSet's pod reads
+/// neither its ReplicaSet nor its Deployment from the API server, and decides as before.
+#[tokio::test]
+async fn an_admission_reads_its_owners_from_the_cache() {
+    let (decision, calls) = admit_with_owners("rs-real", "dep-real").await;
+    assert_eq!(decision, "Restore");
     assert!(
         !calls
             .iter()
@@ -647,22 +647,8 @@ async fn an_admission_reads_its_owners_from_the_cache() {
 /// API server's, here the real ReplicaSet, and the restore is decided.
 #[tokio::test]
 async fn an_owner_cached_under_another_uid_is_read_from_the_api_server() {
-    let l = orphaned_lineage();
-    let (client, seen, _store) = api_server_with_records(routes(&[]), std::slice::from_ref(&l));
-    let hook = Arc::new(Webhook {
-        checkpoints: crate::cache::Checkpoints::of(vec![checkpoint_object()]),
-        owners: Some(crate::owners::OwnerCache::of(
-            vec![owner_meta("web-6d4f9", "rs-old", Some(("web", "dep-old")))],
-            vec![owner_meta("web", "dep-old", None)],
-        )),
-        ..Arc::into_inner(hook_with(client)).unwrap()
-    });
-    let pod = admit(&hook, "web-6d4f9-a", "uid-a").await;
-    assert_eq!(
-        pod.metadata.annotations.unwrap()[names::DECISION],
-        "Restore"
-    );
-    let calls = calls(&seen);
+    let (decision, calls) = admit_with_owners("rs-old", "dep-old").await;
+    assert_eq!(decision, "Restore");
     for owner in ["/replicasets/web-6d4f9", "/deployments/web"] {
         assert!(
             calls.iter().any(|c| c.ends_with(owner)),
