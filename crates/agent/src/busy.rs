@@ -42,10 +42,9 @@ struct Upload {
     reference: String,
     /// When its capture ended and it began.
     since: Instant,
-    /// Taken as the pod's final checkpoint: never stopped.
-    adopted: bool,
-    /// Told the heartbeat's end once it is adopted (its termination record follows it).
-    outcome: Option<mpsc::Sender<AdoptedEnd>>,
+    /// Set when it is taken as the pod's final checkpoint (never stopped then): told the
+    /// heartbeat's end, which its termination record follows.
+    adopted: Option<mpsc::Sender<AdoptedEnd>>,
 }
 
 /// How an adopted heartbeat ended: its outcome, or why it failed.
@@ -90,7 +89,19 @@ impl Busy {
 
     /// Takes the pod once its checkpoint in progress (if any) ended; `None` at `deadline`.
     pub fn take_by(&self, uid: &str, deadline: Instant) -> Option<BusyGuard<'_>> {
-        match self.take_for_final(uid, deadline, None, |_| false) {
+        self.take_superseding(uid, deadline, |_| false)
+    }
+
+    /// [`Busy::take_by`] for a checkpoint that never adopts a heartbeat but stops one's upload
+    /// when `fits(time left)` (the eviction responder's, a cloud notice's:
+    /// [`Busy::take_for_final`] without `adopt_since`).
+    pub fn take_superseding(
+        &self,
+        uid: &str,
+        deadline: Instant,
+        fits: impl Fn(Duration) -> bool,
+    ) -> Option<BusyGuard<'_>> {
+        match self.take_for_final(uid, deadline, None, fits) {
             FinalWait::Taken(g) => Some(g),
             FinalWait::Adopted(..) | FinalWait::TimedOut => None,
         }
@@ -123,21 +134,21 @@ impl Busy {
             };
             if let Some(upload) = pods.get_mut(uid).and_then(|h| h.upload.as_mut()) {
                 let stopped = *upload.stop.borrow();
+                let adopted = upload.adopted.is_some();
                 let adopt = |u: &mut Upload| {
-                    let ends = (!u.adopted).then(|| {
+                    let ends = u.adopted.is_none().then(|| {
                         info!(pod_uid = %uid, reference = %u.reference, "the pod's heartbeat, captured, is its final checkpoint; its upload goes on");
                         let (tx, rx) = mpsc::channel();
-                        u.outcome = Some(tx);
+                        u.adopted = Some(tx);
                         rx
                     });
-                    u.adopted = true;
                     FinalWait::Adopted(u.reference.clone(), ends)
                 };
                 match adopt_since {
                     _ if stopped => {}
-                    Some(_) if upload.adopted => return adopt(upload),
+                    Some(_) if adopted => return adopt(upload),
                     Some(asked) if upload.since >= asked => return adopt(upload),
-                    _ if upload.adopted => {}
+                    _ if adopted => {}
                     _ if fits(left) => {
                         info!(pod_uid = %uid, left_ms = left.as_millis() as u64, "stopping the upload of the pod's heartbeat: its final checkpoint replaces it");
                         upload.stop.send_replace(true);
@@ -216,8 +227,7 @@ impl UploadStop for HeartbeatUpload {
                     stop: tx,
                     reference: reference.to_owned(),
                     since: Instant::now(),
-                    adopted: false,
-                    outcome: None,
+                    adopted: None,
                 })
             }
             // Not held (a caller without the guard): nothing can stop it; the receiver stays
@@ -234,7 +244,7 @@ impl UploadStop for HeartbeatUpload {
         let adopter = pods
             .get(&self.uid)
             .and_then(|h| h.upload.as_ref())
-            .and_then(|u| u.outcome.as_ref());
+            .and_then(|u| u.adopted.as_ref());
         if let Some(tx) = adopter {
             let end = match r {
                 Ok(o) => Ok(o.clone()),

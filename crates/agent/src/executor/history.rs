@@ -70,9 +70,7 @@ impl Executor {
     pub fn final_decision(&self, pod_uid: &str, left: Duration, in_progress: bool) -> Final {
         let m = self.history.lock().unwrap_or_else(|e| e.into_inner());
         let h = m.get(pod_uid);
-        let measured: Vec<Measured> = h
-            .map(|h| h.measured.iter().copied().collect())
-            .unwrap_or_default();
+        let measured = measured(h);
         let latest = match h.and_then(|h| h.published.as_ref()) {
             _ if in_progress => Latest::InProgress,
             None => Latest::None,
@@ -88,12 +86,14 @@ impl Executor {
     /// heartbeat in progress ([`deadline::supersedes_upload`]).
     pub fn supersedes_upload(&self, pod_uid: &str, left: Duration) -> bool {
         let m = self.history.lock().unwrap_or_else(|e| e.into_inner());
-        let measured: Vec<Measured> = m
-            .get(pod_uid)
-            .map(|h| h.measured.iter().copied().collect())
-            .unwrap_or_default();
-        deadline::supersedes_upload(left, &measured)
+        deadline::supersedes_upload(left, &measured(m.get(pod_uid)))
     }
+}
+
+/// A pod's measured recent checkpoints, oldest first (none when it has no history).
+fn measured(h: Option<&PodHistory>) -> Vec<Measured> {
+    h.map(|h| h.measured.iter().copied().collect())
+        .unwrap_or_default()
 }
 
 /// When a checkpoint was taken, from its id (its capture's instant: what the replacement's

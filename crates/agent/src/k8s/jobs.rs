@@ -9,7 +9,6 @@ use stasis_core::CheckpointRef;
 use tracing::{info, warn};
 
 use super::{image_digest, not_opted_in, restore_mismatch, single_container, KubeCluster};
-use crate::busy::FinalWait;
 use crate::error::{AgentError, Result};
 use crate::executor::{CheckpointJob, CheckpointOutcome, PrepareJob, Target};
 use crate::fence;
@@ -86,10 +85,7 @@ impl KubeCluster {
                 | CheckpointReason::MaintenanceNotice
         ) {
             let fits = |left| agent.exec.supersedes_upload(uid, left);
-            match agent.busy.take_for_final(uid, deadline, None, fits) {
-                FinalWait::Taken(g) => Some(g),
-                FinalWait::Adopted(..) | FinalWait::TimedOut => None,
-            }
+            agent.busy.take_superseding(uid, deadline, fits)
         } else {
             agent.busy.take_by(uid, deadline)
         };

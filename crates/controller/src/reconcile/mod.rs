@@ -111,6 +111,16 @@ pub struct Context {
 }
 
 impl Context {
+    /// The pod's workload, its owners verified as at admission (the owners' cache first).
+    pub(crate) async fn verified_identity(
+        &self,
+        ns: &str,
+        pod: &Pod,
+    ) -> Result<std::result::Result<stasis_core::workload::WorkloadIdentity, (&'static str, String)>>
+    {
+        crate::webhook::verified_identity(&self.client, self.owners.as_ref(), ns, pod).await
+    }
+
     /// Every readable lineage record (a damaged one is skipped, never silently: it is counted
     /// and logged when it arrives, and its pods look unregistered until someone repairs or
     /// deletes it).

@@ -208,14 +208,7 @@ pub(super) async fn commit(
     if pod.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Failed" | "Succeeded")) {
         return Ok(Committed::Nothing);
     }
-    let workload = match crate::webhook::verified_identity(
-        &ctx.client,
-        ctx.owners.as_ref(),
-        &ns,
-        pod,
-    )
-    .await?
-    {
+    let workload = match ctx.verified_identity(&ns, pod).await? {
         Ok(identity) => identity.key(),
         Err((_, reason)) => {
             tracing::warn!(pod = %pod.name_any(), namespace = %ns, %reason, "claim not committed: the pod's owners could not be verified");
@@ -339,14 +332,7 @@ pub(super) async fn start_lineage(pod: &Pod, ctx: &Context) -> Result<Record> {
     // Owners verified by UID, as at admission: a guess from names would let a user's
     // ReplicaSet `web-zz9` start a lineage of Deployment `web`, which web's replacements could
     // then claim (docs/design.md §10.2).
-    let workload = match crate::webhook::verified_identity(
-        &ctx.client,
-        ctx.owners.as_ref(),
-        &ns,
-        pod,
-    )
-    .await?
-    {
+    let workload = match ctx.verified_identity(&ns, pod).await? {
         Ok(identity) => identity.key(),
         Err((_, reason)) => return Err(Error::UnverifiedIdentity(reason)),
     };
