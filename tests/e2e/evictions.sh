@@ -20,9 +20,9 @@
 #      (its kubelet restarted with that); stasis's own pods on the node survive it
 #   6. the EvictionRequest API (KEP-4563, alpha; scripts/cluster turns its gate on): an
 #      EvictionRequest for the counter; stasis's agent answers as the pod's eviction responder
-#      (heartbeats, then completion naming the published final checkpoint), the pod held frozen
-#      from the capture (the policy's holdUntilEvicted); then the imperative
-#      evictor evicts the pod through the Eviction API. Kubernetes 1.37 ships no controller that
+#      (heartbeats, then completion naming the published final checkpoint); then the imperative
+#      evictor evicts the pod through the Eviction API, and its stop takes a new checkpoint,
+#      which the replacement restores. Kubernetes 1.37 ships no controller that
 #      drives the API: tests/lib/evictor.sh stands in for it (and says so in the output)
 #   7. graceful node shutdown: the kubelet's shutdown manager ends the node's pods itself (no API
 #      eviction; the pod objects stay, terminal). The old pod's node gets a system bus and elogind
@@ -257,6 +257,15 @@ settle() {
   echo "$label | $back | $((c_stop - c_first + 1)) | $(kubectl -n "$NS" get pckpt -o json | jq -r --arg r "$ref" '[.items[] | select(.status.checkpointRef == $r) | .spec.reason] | first // "?"') | $c_stop | $(cut -d' ' -f1 /proc/loadavg) | $STATE_MB" >>"$FIGURES"
 }
 current() { wait_one_counting "$NS" counter 120; }
+# counter_pod LABEL: P = the counter Deployment's pod, counting; else a failed check that says
+# what its pods are (a path never ends without a word)
+counter_pod() {
+  P=$(current) && return 0
+  fail "$1: the counter Deployment has a pod counting (waited 120 s)" \
+    "$(kubectl -n "$NS" get pods -l app=counter -o wide --no-headers 2>&1 | tr -s ' ' | paste -sd ';')"
+  diagnose "$NS"
+  return 1
+}
 # job_replaced LABEL JOB: the Job makes a replacement of OLD rather than counting OLD as its
 # completion (the counter exits 0 on SIGTERM, like any program that handles it and ends cleanly:
 # a Job pod of restartPolicy Never that does so after its final checkpoint is Succeeded)
@@ -325,7 +334,7 @@ echo "# stasis's pods: $(kubectl -n stasis-system get pods -o wide --no-headers 
 # ------------------------------------------------------------------ 1. taint-based eviction
 if want 1; then
 echo "# --- 1. taint-based eviction: $TAINT=now:NoExecute"
-if P=$(current) && arm 1 "$P"; then
+if counter_pod 1 && arm 1 "$P"; then
   ctl=$(kubectl -n stasis-system get pods -l app.kubernetes.io/component=controller --field-selector "spec.nodeName=$OLD_NODE" -o name)
   [ -z "$ctl" ] || echo "# 1: ${ctl#pod/} runs on $OLD_NODE and does not tolerate the taint either: it is evicted with the workload, and a webhook call it was answering fails open"
   t=$(date +%s.%N)
@@ -338,7 +347,7 @@ fi
 # ------------------------------------------------------------------ 2. Karpenter-style disruption
 if want 2; then
 echo "# --- 2. Karpenter-style disruption: karpenter.sh/disrupted:NoSchedule, then an API eviction"
-if P=$(current) && arm 2 "$P"; then
+if counter_pod 2 && arm 2 "$P"; then
   t=$(date +%s.%N)
   check "2: kubectl taint node $OLD_NODE karpenter.sh/disrupted:NoSchedule" kubectl taint node "$OLD_NODE" karpenter.sh/disrupted:NoSchedule
   ev=$(printf '{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"%s","namespace":"%s"}}' "$OLD" "$NS")
@@ -352,7 +361,7 @@ fi
 # ------------------------------------------------------------------ 3. priority preemption
 if want 3; then
 echo "# --- 3. priority preemption"
-if P=$(current) && arm 3 "$P"; then
+if counter_pod 3 && arm 3 "$P"; then
   # the preemptor asks 100m more than the node has free: it fits once the victim's 200m are gone
   alloc=$(kubectl get node "$OLD_NODE" -o jsonpath='{.status.allocatable.cpu}')
   [[ $alloc == *m ]] && alloc=${alloc%m} || alloc=$((alloc * 1000))
@@ -462,7 +471,7 @@ if want 4 || want 4d || want 4e; then kubectl -n "$NS" scale deployment counter 
 # ------------------------------------------------------------------ 5. node-pressure eviction
 if want 5; then
 echo "# --- 5. node-pressure eviction by the kubelet (hard threshold: no grace, no disruption budget)"
-if P=$(current) && arm 5 "$P"; then
+if counter_pod 5 && arm 5 "$P"; then
   cfg=$(kubelet_config "$OLD_NODE")
   # What the kubelet sees available (the machine's memory less its working set: the nodes share
   # the host's) + 1 GiB is the new hard threshold, so the node is under MemoryPressure at once.
@@ -536,13 +545,7 @@ if want 6; then
 echo "# --- 6. the EvictionRequest API (KEP-4563): stasis answers as the pod's eviction responder"
 if ! kubectl api-resources --api-group=lifecycle.k8s.io -o name 2>/dev/null | grep -q '^evictions'; then
   skip "EvictionRequest" "lifecycle.k8s.io/v1alpha1 is not served: this cluster was started without feature gate EvictionRequestAPI and --runtime-config lifecycle.k8s.io/v1alpha1=true (scripts/cluster's defaults, unless STASIS_CLUSTER_FEATURE_GATES / STASIS_CLUSTER_RUNTIME_CONFIG said otherwise); restart it with scripts/cluster down && scripts/cluster up"
-elif P=$(current) && arm 6 "$P"; then
-  # The pod is held frozen from the responder's capture until the eviction stops it (the
-  # policy's holdUntilEvicted), so that it does no work its replacement does again.
-  check "6: holdUntilEvicted set on the counter's policy" \
-    kubectl -n "$NS" patch checkpointpolicy "every-$INTERVAL-counter" --type merge -p '{"spec":{"holdUntilEvicted":true}}'
-  # (the agent sees the policy through its watch)
-  sleep 2
+elif counter_pod 6 && arm 6 "$P"; then
   check "6: the webhook named stasis.dev/checkpoint (priority 1000) among $OLD's eviction responders" \
     jq -e '.spec.evictionResponders // [] | any(.name == "stasis.dev/checkpoint" and .priority == 1000)' <<<"$(kubectl -n "$NS" get pod "$OLD" -o json)"
   t=$(date +%s.%N)
@@ -554,36 +557,38 @@ elif P=$(current) && arm 6 "$P"; then
   read -r reason phase total_ms <<<"$(pckpt_of "${ref:-none}")"
   check "6: $ref is a Succeeded PodCheckpoint of $OLD, reason Termination ($reason $phase, ${total_ms} ms)" \
     test "$reason $phase" = "Termination Succeeded"
+  # The pod ran on after the responder's capture (the policy does not hold it), through the
+  # upload and the eviction's own path: its stop takes a new checkpoint, which fits the 30 s
+  # grace period by the pod's measured cost, and the replacement restores that one.
+  # (ckpts_of lists the Succeeded ones; read now, before the replacement's heartbeats push it out)
+  at_stop() { ckpts_of "$OLD_UID" | awk -v r="$ref" '$3 == "Termination" && $2 != r {print $2}' | tail -1; }
+  has_at_stop() { [ -n "$(at_stop)" ]; }
+  check "6: the stop took a new final checkpoint of $OLD after the responder's" retry 60 has_at_stop
+  stop_ref=$(at_stop)
   settle 6 app=counter "$t"
   if [ -n "$NEW" ]; then
-    check "6: $NEW restored the responder's checkpoint ($(newest_restore "$NEW"))" test "$(newest_restore "$NEW" | cut -d' ' -f2)" = "$ref"
-    # The pod counts on after the capture (10 counts a second) until the eviction stops it: during
-    # the checkpoint's upload, then along the eviction's own path (the evictor sees the completion,
-    # the imperative evictor asks, the kubelet stops the pod, whose final checkpoint request is
-    # answered at once with this one). The second part is measured: from stasis's completion, as
-    # the evictor saw it, to the old pod's last count; 1 s more for the report and the evictor's
-    # 0.5 s poll. An older checkpoint restored would lose more.
+    check "6: $NEW restored the stop's checkpoint ($(newest_restore "$NEW"); the stop's: ${stop_ref:-none}, the responder's: $ref)" \
+      test "$(newest_restore "$NEW" | cut -d' ' -f2)" = "${stop_ref:-none}"
+    # Without it the pod would have lost what it counted (10 a second) from the responder's
+    # capture to the stop: the upload and the eviction's path after stasis's completion
+    # (41 counts for a 34-count checkpoint, docs/benchmarks.md); with it, the count or two
+    # between the stop's capture and the SIGTERM that follows its answer.
     c_first=$(first_count "$NS" "$NEW"); c_stop=$(last_count "$OLD_KEY")
     last_ts=$(awk '$2 ~ /^count=[0-9]+$/ { t = $1 } END { print t }' "$WORK/$OLD_KEY.log")
     if [ -n "$c_first" ] && [ -n "$c_stop" ] && [ -n "$last_ts" ] && [[ $total_ms =~ ^[0-9]+$ ]]; then
       lost=$((c_stop - c_first + 1))
       path_ds=$(awk -v a="$t" -v r="${EVICTOR_RESPONDED_S:-0}" -v b="$(epoch "$last_ts")" 'BEGIN { d = (b - a - r) * 10; printf "%d", (d > 0 ? d : 0) + 0.5 }')
-      bound=$((total_ms / 100 + path_ds + 10))
-      echo "# 6: counts lost $lost: the checkpoint took $total_ms ms ($((total_ms / 100)) counts), the eviction's path after stasis's completion $path_ds counts (held frozen through both)"
-      check "6: counts lost ($lost) <= the checkpoint's own duration + the eviction's path after it, in counts, + 10 ($bound)" test "$lost" -le "$bound"
-      # Held: the old pod counted nothing after its capture but the count or two printed as
-      # the stop resumed it (its SIGTERM arrives right after).
-      check "6: held from the capture to the eviction: counts lost ($lost) <= 3" test "$lost" -le 3
+      echo "# 6: counts lost $lost: the responder's checkpoint took $total_ms ms ($((total_ms / 100)) counts) and the eviction's path after its completion $path_ds counts, which restoring it would have lost"
+      check "6: counts lost ($lost) <= 5, less than the responder's checkpoint's own duration ($((total_ms / 100)) counts)" test "$lost" -le 5
     fi
   fi
-  kubectl -n "$NS" patch checkpointpolicy "every-$INTERVAL-counter" --type merge -p '{"spec":{"holdUntilEvicted":false}}' >/dev/null
 fi
 fi
 # ------------------------------------------------------------------ 7. graceful node shutdown
 if want 7; then
 echo "# --- 7. graceful node shutdown: the kubelet's shutdown manager, on logind's PrepareForShutdown"
 echo "# 7: the old pod's node gets a system bus and elogind (scripts/cluster logind-up) for its kubelet only; PrepareForShutdown(true) is sent on that bus by hand, standing in for a poweroff's start: no poweroff runs, and that bus refuses every logind method but Inhibit and ListInhibitors"
-if P=$(current); then
+if counter_pod 7; then
   n=$(node_of "$NS" "$P")
   out=$("$CLUSTER" logind-up "$n" 2>&1); rc=$?
   SHUTDOWN_NODE=$n

@@ -380,9 +380,9 @@ impl Agent {
         };
         // The stop of a pod held frozen since its checkpoint: it runs again first, so that the
         // stop reaches it whatever is answered (a paused container cannot take its SIGTERM).
-        if !req.hold_until_stopped && !pod.pod_uid.is_empty() {
-            self.exec.release_hold(&pod.pod_uid, "its stop came");
-        }
+        let was_held = !req.hold_until_stopped
+            && !pod.pod_uid.is_empty()
+            && self.exec.release_hold(&pod.pod_uid, "its stop came");
         if req.deadline_ms == 0 {
             return skipped("no time given");
         }
@@ -414,19 +414,33 @@ impl Agent {
             return skipped("no time left in the grace period");
         };
         let end_with_kill = info.clean_exit_finishes;
+        let left = deadline.saturating_duration_since(Instant::now());
         // The pod's termination checkpoint of a moment ago holds this container too (the kubelet
-        // stops a pod's containers one by one; the first stop checkpoints them all).
-        if let Some(checkpoint_ref) = self.exec.final_covering(&pod.pod_uid, &c.id) {
-            info!(container = %req.container_id, %checkpoint_ref, "held by the pod's final checkpoint");
-            return ResponseBody::Done {
-                checkpoint_ref,
-                end_with_kill,
-            };
+        // stops a pod's containers one by one; the first stop checkpoints them all). One taken
+        // ahead of the stop (the eviction responder's) is the pod's state at its capture: unless
+        // the pod was held frozen since, it has run on through the upload and the eviction's
+        // path, and a new checkpoint that fits the time left loses only its own freeze.
+        let mut replacing = None;
+        if let Some(cover) = self.exec.final_covering(&pod.pod_uid, &c.id) {
+            let checkpoint_ref = cover.reference;
+            if !cover.ahead_of_stop
+                || req.hold_until_stopped
+                || was_held
+                || !self.exec.new_checkpoint_fits(&pod.pod_uid, left)
+            {
+                info!(container = %req.container_id, %checkpoint_ref, "held by the pod's final checkpoint");
+                return ResponseBody::Done {
+                    checkpoint_ref,
+                    end_with_kill,
+                };
+            }
+            info!(container = %req.container_id, ahead = %checkpoint_ref, left_ms = left.as_millis() as u64,
+                "the pod ran on after its checkpoint taken ahead of the stop; a new one fits the time left");
+            replacing = Some(checkpoint_ref);
         }
         // Said early, before anything is frozen: a final checkpoint that cannot finish in time
         // would freeze the pod and publish nothing. A checkpoint in progress is waited for
         // (below) and the decision made again when it ends.
-        let left = deadline.saturating_duration_since(Instant::now());
         if let Final::Skip(s) =
             self.exec
                 .final_decision(&pod.pod_uid, left, self.busy.is_busy(&pod.pod_uid))
@@ -449,6 +463,7 @@ impl Agent {
             hold: (req.hold_until_stopped && info.hold_until_evicted)
                 .then(|| stasis_core::policy::hold_limit(self.exec.hold_bound(), &info.liveness)),
             upload_stop: None,
+            ahead_of_stop: req.hold_until_stopped,
         };
         let (tx, rx) = mpsc::channel();
         let asked = Instant::now();
@@ -468,7 +483,7 @@ impl Agent {
                 // estimated to fit in the time left, and else it is the final checkpoint too
                 // (the newest state that can be published in time). The controller keeps the
                 // replacement waiting for it either way (busy.rs, docs/design.md §12.3).
-                let fits = |left| exec.supersedes_upload(&uid, left);
+                let fits = |left| exec.new_checkpoint_fits(&uid, left);
                 let adopt_since = job.on_captured.is_some().then_some(asked);
                 let _g = match busy.take_for_final(&uid, deadline, adopt_since, fits) {
                     FinalWait::Taken(g) => g,
@@ -506,10 +521,13 @@ impl Agent {
                     }
                 };
                 // The checkpoint waited for may have been this pod's final one, taken for another
-                // of its containers stopping at the same time: it holds this one too.
-                if let Some(reference) = exec.final_covering(&uid, &container_id) {
-                    let _ = tx.send(Ok(FinalEnd::Published(reference, 0)));
-                    return;
+                // of its containers stopping at the same time: it holds this one too (not the
+                // capture ahead of the stop this one replaces).
+                if let Some(cover) = exec.final_covering(&uid, &container_id) {
+                    if replacing.as_ref() != Some(&cover.reference) {
+                        let _ = tx.send(Ok(FinalEnd::Published(cover.reference, 0)));
+                        return;
+                    }
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 if let Final::Skip(s) = exec.final_decision(&uid, left, false) {

@@ -445,6 +445,7 @@ fn heartbeat_job(
         let _g = busy.try_take(uid).expect("the pod is free");
         let job = CheckpointJob {
             upload_stop: Some(busy.upload_stop(uid)),
+            ahead_of_stop: false,
             ..job.clone()
         };
         let r = exec.checkpoint(&job, &|| Verdict::NoRecord);
@@ -468,6 +469,7 @@ fn heartbeat_of(stamp: stasis_agent::fence::Stamp, id: &str, pod_name: &str) -> 
         expected: Vec::new(),
         hold: None,
         upload_stop: None,
+        ahead_of_stop: false,
     }
 }
 

@@ -2,7 +2,8 @@
 //! `holdUntilEvicted`), with real runc and CRIU: the checkpoint is published with the counter
 //! still frozen, and it stays frozen (its count does not move) until its stop comes, which is
 //! answered with that capture at once and finds it running again; a stop that does not come
-//! within the hold's bound lets it run on.
+//! within the hold's bound lets it run on, and when it comes it takes a new checkpoint (the pod
+//! ran on after the capture taken ahead of it).
 //!
 //! Needs root, CRIU >= 4.2, runc and the counter image (`scripts/build-counter-image`); run
 //! under `tini -s`. Without them the test prints why it did not run (and fails under `CI`).
@@ -100,10 +101,13 @@ fn a_held_pod_stays_frozen_after_its_checkpoint_until_its_stop() {
     let lines = w.run_piped(&b2, "h2");
     wait_counts(&lines, 5);
     let answer = client.final_checkpoint(final_request("h2", true)).unwrap();
-    assert!(
-        matches!(answer, CheckpointAnswer::Done { .. }),
-        "{answer:?}"
-    );
+    let CheckpointAnswer::Done {
+        checkpoint_ref: ahead,
+        ..
+    } = answer
+    else {
+        panic!("final checkpoint: {answer:?}");
+    };
     assert_eq!(status(&w, "h2"), "paused");
     wait_for("the hold's bound", 10, || status(&w, "h2") == "running");
     assert!(!exec.is_held("uid-hold-2"));
@@ -111,5 +115,27 @@ fn a_held_pod_stays_frozen_after_its_checkpoint_until_its_stop() {
     wait_for("the counter counts after the bound", 10, || {
         last_count(&lines).unwrap() > resumed_at
     });
+
+    // Its stop, later: the pod ran on after the capture taken ahead of it, and a new checkpoint
+    // (its measured cost: the one above) fits the stop's 30 s, so the stop takes one.
+    let answer = client.final_checkpoint(final_request("h2", false)).unwrap();
+    let CheckpointAnswer::Done {
+        checkpoint_ref: at_stop,
+        ..
+    } = answer
+    else {
+        panic!("the stop's final checkpoint: {answer:?}");
+    };
+    eprintln!("ran on from the hold's bound at count {resumed_at}; the stop took {at_stop} in place of {ahead}");
+    assert_ne!(
+        at_stop, ahead,
+        "the stop was answered with the capture taken ahead of it"
+    );
+    // ... which then covers the pod's other stops.
+    let answer = client.final_checkpoint(final_request("h2", false)).unwrap();
+    assert!(
+        matches!(&answer, CheckpointAnswer::Done { checkpoint_ref, .. } if *checkpoint_ref == at_stop),
+        "{answer:?}"
+    );
     drop(server);
 }

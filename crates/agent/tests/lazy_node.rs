@@ -346,6 +346,13 @@ fn a_damaged_chunk_fails_the_restore_or_kills_the_container() {
             "found before the container ran: its restore failed and it started cold ({first:?}): {why}"
         );
         assert!(why.contains(&victim), "{why}");
+        // CRIU's cgroup yard, which a failed restore leaves mounted in its work dir, is
+        // unmounted by the wrapper, whose mount namespace holds it.
+        let yards: Vec<_> = stasis_engine::mounts::mounts_under(&lab.w.path(""))
+            .into_iter()
+            .filter(|m| m.to_string_lossy().contains(".criu.cgyard"))
+            .collect();
+        assert!(yards.is_empty(), "left mounted: {yards:?}");
         return;
     }
     // Restored, then killed once the chunk is found damaged.

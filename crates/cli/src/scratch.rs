@@ -144,54 +144,14 @@ fn remove(dir: &Path) {
     }
 }
 
-/// The mount points at or under `dir` in this mount namespace, deepest first.
-pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut v: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(unescape(m)))
-        .filter(|m| m.starts_with(dir))
-        .collect();
-    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    v.dedup();
-    v
-}
-
 fn unmount_under(dir: &Path) {
-    for m in mounts_under(dir) {
-        if let Err(e) = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
-            tracing::warn!(mount = %m.display(), error = %e, "could not unmount under a scratch directory");
-        } else {
-            tracing::info!(mount = %m.display(), "unmounted a leftover mount in a scratch directory");
-        }
+    let done = stasis_engine::mounts::unmount_under(dir);
+    for m in done.unmounted {
+        tracing::info!(mount = %m.display(), "unmounted a leftover mount in a scratch directory");
     }
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo` (octal).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = (b[i] == b'\\' && i + 4 <= b.len())
-            .then(|| std::str::from_utf8(&b[i + 1..i + 4]).ok())
-            .flatten()
-            .and_then(|d| u8::from_str_radix(d, 8).ok());
-        match octal {
-            Some(n) => {
-                out.push(n);
-                i += 4;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
+    for (m, e) in done.failed {
+        tracing::warn!(mount = %m.display(), error = %e, "could not unmount under a scratch directory");
     }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether `name` is one of stasis's scratch directory names: `<checkpoint|restore>-<pid>-<8 hex>`.
@@ -326,12 +286,5 @@ mod tests {
         drop(live);
         drop(next);
         assert!(!a.exists() && !b.exists());
-    }
-
-    #[test]
-    fn mountinfo_names_are_unescaped() {
-        assert_eq!(unescape("/a\\040b"), "/a b");
-        assert_eq!(unescape("/plain"), "/plain");
-        assert_eq!(unescape("/end\\"), "/end\\");
     }
 }

@@ -11,7 +11,7 @@
 //!   it ends. Its capture is never cut short (a freeze is not interrupted). A heartbeat whose
 //!   capture is done and whose upload is running holds older memory than the final checkpoint
 //!   would: its upload is stopped (nothing of it is published) when the final checkpoint is
-//!   estimated to fit in the time left ([`supersedes_upload`]), so that a pod whose checkpoints
+//!   estimated to fit in the time left ([`new_checkpoint_fits`]), so that a pod whose checkpoints
 //!   take most of a grace period still ends on its final state. Otherwise (and when the stop
 //!   came during its capture, which then holds the state at the stop) the agent takes that
 //!   heartbeat as the final checkpoint: it is the newest state that can be published before
@@ -102,11 +102,13 @@ pub fn final_checkpoint(left: Duration, measured: &[Measured], latest: &Latest) 
     }
 }
 
-/// Whether a termination checkpoint that finds a heartbeat of its pod uploading stops that
-/// upload: only when the pod's measured cost ([`interval::checkpoint_cost`]) fits in `left`.
-/// Without a measurement nothing says the final checkpoint can finish, and the heartbeat, whose
-/// capture is done, is the state closest to the stop that is likely to be published.
-pub fn supersedes_upload(left: Duration, measured: &[Measured]) -> bool {
+/// Whether a new checkpoint of the pod is worth taking in place of an older state that will be
+/// published anyway: only when the pod's measured cost ([`interval::checkpoint_cost`]) fits in
+/// `left`. Two older states use it: a heartbeat's upload in progress (stopped for the final
+/// checkpoint) and a capture taken ahead of the stop (the eviction responder's, which the
+/// pod has run past since). Without a measurement nothing says the new checkpoint can finish,
+/// and the older state is the one closest to the stop that is likely to be published.
+pub fn new_checkpoint_fits(left: Duration, measured: &[Measured]) -> bool {
     interval::checkpoint_cost(measured).is_some_and(|estimate| estimate <= left)
 }
 
@@ -120,10 +122,10 @@ mod tests {
     #[test]
     fn a_heartbeat_upload_is_stopped_only_for_a_final_checkpoint_that_fits() {
         let six_gib = [ms(6_300, 15_400)];
-        assert!(supersedes_upload(Duration::from_secs(28), &six_gib));
-        assert!(supersedes_upload(Duration::from_millis(21_700), &six_gib));
-        assert!(!supersedes_upload(Duration::from_secs(20), &six_gib));
-        assert!(!supersedes_upload(Duration::from_secs(600), &[]));
+        assert!(new_checkpoint_fits(Duration::from_secs(28), &six_gib));
+        assert!(new_checkpoint_fits(Duration::from_millis(21_700), &six_gib));
+        assert!(!new_checkpoint_fits(Duration::from_secs(20), &six_gib));
+        assert!(!new_checkpoint_fits(Duration::from_secs(600), &[]));
     }
 
     fn ms(freeze_ms: u64, upload_ms: u64) -> Measured {

@@ -48,10 +48,7 @@ pub fn cgroup_dirs(proc_cgroup: &str, mountinfo: &str) -> Vec<PathBuf> {
             continue;
         };
         dirs.push(
-            Path::new(std::ffi::OsStr::from_bytes(
-                &crate::rootfs::unescape_mountinfo(point),
-            ))
-            .join(rel),
+            Path::new(std::ffi::OsStr::from_bytes(&crate::mounts::unescape(point))).join(rel),
         );
     }
     dirs

@@ -19,6 +19,7 @@ pub mod containerd;
 pub mod cuda;
 pub mod error;
 pub mod image;
+pub mod mounts;
 pub mod node;
 mod pod;
 pub mod proctree;

@@ -48,7 +48,7 @@ pub fn detect_in(mountinfo: &str, rootfs: &Path) -> RootfsKind {
         let Some((left, right)) = line.split_once(" - ") else {
             continue;
         };
-        let mount_point = left.split(' ').nth(4).map(unescape_mountinfo);
+        let mount_point = left.split(' ').nth(4).map(crate::mounts::unescape);
         if mount_point.as_deref() != Some(want) {
             continue;
         }
@@ -59,31 +59,11 @@ pub fn detect_in(mountinfo: &str, rootfs: &Path) -> RootfsKind {
         let opts = r.nth(1).unwrap_or("");
         if let Some(upper) = opts.split(',').find_map(|o| o.strip_prefix("upperdir=")) {
             return RootfsKind::Overlay {
-                upper: PathBuf::from(OsStr::from_bytes(&unescape_mountinfo(upper))),
+                upper: PathBuf::from(OsStr::from_bytes(&crate::mounts::unescape(upper))),
             };
         }
     }
     RootfsKind::Plain
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-pub(crate) fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 /// What the rootfs of the container whose init process is `pid` is.

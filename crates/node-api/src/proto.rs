@@ -120,8 +120,9 @@ pub struct FinalCheckpointRequest {
     /// (and doing work the checkpoint will not hold) for the length of the upload.
     #[serde(default)]
     pub answer_when_captured: bool,
-    /// Keep the pod frozen from the capture until its stop comes (the eviction responder's
-    /// request, when the pod's policy has `holdUntilEvicted`; the runtime never asks it).
+    /// Taken ahead of the pod's stop (the eviction responder's request; the runtime never asks
+    /// it): the pod is kept frozen from the capture until its stop comes when its policy has
+    /// `holdUntilEvicted`, and the stop may take a newer checkpoint when it was not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold_until_stopped: bool,
 }

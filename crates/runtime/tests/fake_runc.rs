@@ -16,13 +16,25 @@ use stasis_node_api::{
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_stasis-runc");
 
-/// Records `pid|arg1|arg2|...` per call; `restore` exits with `$FAKE_RESTORE_RC`, everything
-/// else prints a line on stdout and exits with `$FAKE_RC`.
+/// Records `pid|arg1|arg2|...` per call; `restore` exits with `$FAKE_RESTORE_RC` (leaving two
+/// mounts in its work path with `$FAKE_RESTORE_YARD`), everything else prints a line on stdout
+/// and exits with `$FAKE_RC`.
 const FAKE_RUNC: &str = r#"#!/bin/sh
 (IFS='|'; echo "$$|$*") >> "$FAKE_RUNC_LOG"
+restore=0 work=""
 for a in "$@"; do
-  if [ "$a" = restore ]; then exit "${FAKE_RESTORE_RC:-0}"; fi
+  [ "$prev" = --work-path ] && work=$a
+  [ "$a" = restore ] && restore=1
+  prev=$a
 done
+if [ $restore = 1 ]; then
+  # as CRIU 4.2 leaves its cgroup yard when a restore fails
+  if [ -n "$FAKE_RESTORE_YARD" ]; then
+    mkdir -p "$work/.criu.cgyard.t" && mount -t tmpfs yard "$work/.criu.cgyard.t" &&
+      mkdir "$work/.criu.cgyard.t/memory" && mount -t tmpfs cg "$work/.criu.cgyard.t/memory"
+  fi
+  exit "${FAKE_RESTORE_RC:-0}"
+fi
 echo "fake-runc-stdout"
 exit "${FAKE_RC:-0}"
 "#;
@@ -290,6 +302,52 @@ fn no_agent_costs_a_stop_nothing() {
         t.elapsed()
     );
     assert_eq!(strs(&f.calls()[0].1), ["kill", "c1", "TERM"]);
+}
+
+/// A failed restore can leave CRIU's cgroup yard mounted in its work dir, on the host: the
+/// wrapper, in that mount namespace, unmounts it (the agent, in another, could not remove the
+/// dir). Mounting needs root: without it the test says so and checks nothing.
+#[test]
+fn a_failed_restore_leaves_nothing_mounted_in_its_work_dir() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "a_failed_restore_leaves_nothing_mounted_in_its_work_dir: not run: mounting needs root"
+        );
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        return;
+    }
+    let f = Fake::new();
+    let plans = f.run_dir().join("plans");
+    let _srv = f.agent(|_: &Request| None);
+    let b = f.bundle("b", serde_json::json!({}));
+    f.plan(
+        &planfile::path_for_container(&plans, "c8").unwrap(),
+        Some("c8"),
+        "ref-8",
+    );
+    let args = f.with_globals(&["create", "--bundle", b.to_str().unwrap(), "c8"]);
+    let st = f
+        .cmd(&strs(&args))
+        .env("FAKE_RESTORE_RC", "1")
+        .env("FAKE_RESTORE_YARD", "1")
+        .status()
+        .unwrap();
+    let left = stasis_engine::mounts::mounts_under(f.dir.path());
+    for m in &left {
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+    }
+    assert!(st.success());
+    assert!(
+        f.calls().iter().any(|c| c.1.iter().any(|a| a == "restore")),
+        "{:?}",
+        f.calls()
+    );
+    assert!(left.is_empty(), "left mounted: {left:?}\n{}", f.log());
+    assert!(
+        f.log().contains("unmounted what the restore left mounted"),
+        "{}",
+        f.log()
+    );
 }
 
 #[test]

@@ -160,7 +160,11 @@ impl Executor {
         let id = CheckpointId::from_parts(now_ms(), rand::random());
         let reference = format!("{}/{}", job.stamp.lineage, id);
         if job.reason == "Termination" {
-            self.record_final(&pod.pod_uid, reference.clone(), ids.clone());
+            let cover = FinalCover {
+                reference: reference.clone(),
+                ahead_of_stop: job.ahead_of_stop,
+            };
+            self.record_final(&pod.pod_uid, cover, ids.clone());
         }
         if let Some(tx) = &job.on_captured {
             let _ = tx.send(reference.clone());

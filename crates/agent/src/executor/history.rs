@@ -82,11 +82,12 @@ impl Executor {
         deadline::final_checkpoint(left, &measured, &latest)
     }
 
-    /// Whether the pod's final checkpoint, with `left` before its deadline, stops the upload of a
-    /// heartbeat in progress ([`deadline::supersedes_upload`]).
-    pub fn supersedes_upload(&self, pod_uid: &str, left: Duration) -> bool {
+    /// Whether a new checkpoint of the pod, with `left` before its deadline, replaces an older
+    /// state that would be published instead ([`deadline::new_checkpoint_fits`]): a heartbeat's
+    /// upload in progress, or a capture taken ahead of the stop.
+    pub fn new_checkpoint_fits(&self, pod_uid: &str, left: Duration) -> bool {
         let m = self.history.lock().unwrap_or_else(|e| e.into_inner());
-        deadline::supersedes_upload(left, &measured(m.get(pod_uid)))
+        deadline::new_checkpoint_fits(left, &measured(m.get(pod_uid)))
     }
 }
 

@@ -103,10 +103,14 @@ impl Executor {
             .store(bound.as_millis() as u64, Ordering::Relaxed);
     }
 
-    /// Ends a pod's hold, if any.
-    pub fn release_hold(&self, pod_uid: &str, why: &str) {
-        if let Some(h) = take(&self.holds.held, pod_uid, None) {
-            release(pod_uid, h, why);
+    /// Ends a pod's hold, if any; whether there was one.
+    pub fn release_hold(&self, pod_uid: &str, why: &str) -> bool {
+        match take(&self.holds.held, pod_uid, None) {
+            Some(h) => {
+                release(pod_uid, h, why);
+                true
+            }
+            None => false,
         }
     }
 

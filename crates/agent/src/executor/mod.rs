@@ -120,6 +120,10 @@ pub struct CheckpointJob {
     /// A heartbeat's: told when its capture is done, and its upload stopped (nothing published,
     /// [`AgentError::Superseded`]) when the receiver it gets turns `true`.
     pub upload_stop: Option<Arc<dyn UploadStop>>,
+    /// A termination checkpoint taken ahead of the pod's stop (the eviction responder's): the
+    /// stop that follows is answered with it only when the pod was held since, or a new
+    /// checkpoint does not fit the stop's time left ([`Executor::final_covering`]).
+    pub ahead_of_stop: bool,
 }
 
 /// How a checkpoint's upload can be stopped for a newer checkpoint of the same pod (the agent's
@@ -224,9 +228,17 @@ pub struct Executor {
 /// A termination checkpoint's capture of a pod.
 #[derive(Debug, Clone)]
 struct FinalCapture {
-    reference: String,
+    cover: FinalCover,
     container_ids: Vec<String>,
     at: Instant,
+}
+
+/// The termination capture that holds a stopping container ([`Executor::final_covering`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalCover {
+    pub reference: String,
+    /// Taken ahead of the stop ([`CheckpointJob::ahead_of_stop`]): the pod may have run since.
+    pub ahead_of_stop: bool,
 }
 
 /// How long a pod's termination capture stands for its other containers' stops.
@@ -320,21 +332,22 @@ impl Executor {
     /// container `container_id` of pod `pod_uid`: the kubelet stops a pod's containers one by
     /// one (sidecars after the app containers), and the first stop's checkpoint holds them all
     /// at one instant; a second one would find its peers gone. A container restarted since has
-    /// another id and is not covered.
-    pub fn final_covering(&self, pod_uid: &str, container_id: &str) -> Option<String> {
+    /// another id and is not covered. A capture taken ahead of the stop (the eviction
+    /// responder's) is said to be one: the stop decides whether a new checkpoint is worth it.
+    pub fn final_covering(&self, pod_uid: &str, container_id: &str) -> Option<FinalCover> {
         let mut m = self.finals.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|_, f| f.at.elapsed() < FINAL_COVERS);
         m.get(pod_uid)
             .filter(|f| f.container_ids.iter().any(|c| c == container_id))
-            .map(|f| f.reference.clone())
+            .map(|f| f.cover.clone())
     }
 
-    fn record_final(&self, pod_uid: &str, reference: String, container_ids: Vec<String>) {
+    fn record_final(&self, pod_uid: &str, cover: FinalCover, container_ids: Vec<String>) {
         let mut m = self.finals.lock().unwrap_or_else(|e| e.into_inner());
         m.insert(
             pod_uid.to_owned(),
             FinalCapture {
-                reference,
+                cover,
                 container_ids,
                 at: Instant::now(),
             },

@@ -246,8 +246,15 @@ mod tests {
         let rt = crate::executor::test_runtime();
         let exec = crate::executor::test_executor(t.path(), &rt, None, stasis_store::Key::random());
         assert_eq!(exec.final_covering("u", "c1"), None);
-        exec.record_final("u", "l/1".into(), vec!["c1".into(), "c2".into()]);
-        assert_eq!(exec.final_covering("u", "c2").as_deref(), Some("l/1"));
+        let cover = |r: &str, ahead_of_stop| super::super::FinalCover {
+            reference: r.into(),
+            ahead_of_stop,
+        };
+        exec.record_final("u", cover("l/1", true), vec!["c1".into(), "c2".into()]);
+        assert_eq!(exec.final_covering("u", "c2"), Some(cover("l/1", true)));
+        // The stop's own checkpoint replaces the one taken ahead of it.
+        exec.record_final("u", cover("l/2", false), vec!["c1".into(), "c2".into()]);
+        assert_eq!(exec.final_covering("u", "c1"), Some(cover("l/2", false)));
         // A container restarted since has another id; another pod is another pod.
         assert_eq!(exec.final_covering("u", "c3"), None);
         assert_eq!(exec.final_covering("v", "c1"), None);

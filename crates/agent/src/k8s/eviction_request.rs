@@ -14,9 +14,13 @@
 //! there is none: the eviction then goes on to the next responder (in the end the imperative
 //! evictor) and is never held longer than the checkpoint.
 //!
-//! The checkpoint is recorded as the pod's termination capture: when the eviction then stops the
-//! pod (a SIGTERM through the runtime), the wrapper's final checkpoint request is answered with it
-//! at once instead of taking another (`Executor::final_covering`, two minutes).
+//! The checkpoint is recorded as the pod's termination capture, taken ahead of its stop: when the
+//! eviction then stops the pod (a SIGTERM through the runtime), the wrapper's final checkpoint
+//! request is answered with it at once if the pod was held frozen since (the policy's
+//! `holdUntilEvicted`) or a new checkpoint does not fit the grace period by the pod's measured
+//! cost; otherwise the stop takes a new one, and the replacement loses only that checkpoint's
+//! freeze instead of everything the pod did through the upload and the eviction's own path
+//! (`Executor::final_covering`, two minutes).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -300,7 +304,8 @@ fn final_request(pod: &Pod) -> Result<FinalCheckpointRequest, String> {
         },
         deadline_ms: CHECKPOINT_BUDGET.as_millis() as u64,
         answer_when_captured: false,
-        // (the agent holds the pod only when its policy asks for it: `holdUntilEvicted`)
+        // (ahead of the stop; the agent holds the pod only when its policy asks for it:
+        // `holdUntilEvicted`)
         hold_until_stopped: true,
     })
 }

@@ -84,7 +84,7 @@ impl KubeCluster {
                 | CheckpointReason::SpotNotice
                 | CheckpointReason::MaintenanceNotice
         ) {
-            let fits = |left| agent.exec.supersedes_upload(uid, left);
+            let fits = |left| agent.exec.new_checkpoint_fits(uid, left);
             agent.busy.take_superseding(uid, deadline, fits)
         } else {
             agent.busy.take_by(uid, deadline)
@@ -97,6 +97,7 @@ impl KubeCluster {
                 // A heartbeat's upload gives way to the pod's final checkpoint (busy.rs).
                 upload_stop: (c.spec.reason == CheckpointReason::Heartbeat)
                     .then(|| agent.busy.upload_stop(&info.key.uid)),
+                ahead_of_stop: false,
                 target: Target::Pod {
                     uid: info.key.uid.clone(),
                     container_name: None,

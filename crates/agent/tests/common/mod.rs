@@ -75,6 +75,7 @@ pub fn checkpoint_stopped(
             expected: Vec::new(),
             hold: None,
             upload_stop: None,
+            ahead_of_stop: false,
         },
         &|| Verdict::NoRecord,
     )

@@ -483,6 +483,26 @@ impl Ctx {
             }
         }
         let status = adopted.map(|()| runc.args(&args).status());
+        // A restore that failed can leave CRIU's cgroup yard (a tmpfs with the cgroup
+        // hierarchies inside) mounted in its work dir, on the host, where only this process's
+        // mount namespace can undo it: the agent, whose view of the dir is another namespace's,
+        // could never remove it, and each failed restore would leave its mounts on the node.
+        let leftover = stasis_engine::mounts::unmount_under(&work);
+        if !leftover.is_empty() {
+            self.log(
+                Level::Warning,
+                &format!(
+                    "unmounted what the restore left mounted in {}: {:?}{}",
+                    work.display(),
+                    leftover.unmounted,
+                    if leftover.failed.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; could not unmount {:?}", leftover.failed)
+                    }
+                ),
+            );
+        }
         if let (Some(dir), Ok(status)) = (lazy, &status) {
             let _ = lazy::announce_outcome(dir, matches!(status, Ok(s) if s.success()));
         }
