@@ -269,6 +269,13 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     // admission and registration, read without a request (crate::owners).
     let (owners, watch) = crate::owners::OwnerCache::watch(client.clone());
     tokio::spawn(watch);
+    // And the lineage records: the admission's prediction reads its workload's from it, as the
+    // leader's reconcilers do (the commit reads them fresh from the API server).
+    let (records, watch) = crate::cache::RecordCache::watch(client.clone(), &namespace, {
+        let metrics = metrics.clone();
+        move |e| metrics.failed("records", e)
+    });
+    tokio::spawn(watch);
     // Ready once the servers are up: what a replica serves (the webhook, the restore status,
     // the key broker) reads the API server directly; the reconcilers' caches are the leader's.
     let ready = Readiness::default();
@@ -329,6 +336,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             client: client.clone(),
             records: Records::new(client.clone(), &namespace).with_cap(a.max_records_per_namespace),
             checkpoints: checkpoints.clone(),
+            record_index: Some(records.index.clone()),
             policies: Some(policies),
             nodes,
             owners: Some(owners.clone()),
@@ -398,6 +406,7 @@ pub async fn run(a: RunArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         store,
         checkpoints,
         owners: Some(owners),
+        records,
         shutdown: shutdown.clone(),
     };
     tokio::select! {

@@ -20,6 +20,7 @@ use stasis_api::PodCheckpoint;
 
 use crate::holder::checkpoint_pod_uid;
 use crate::record::Record;
+use stasis_core::reference::WorkloadName;
 
 /// An object of a namespaced kind: (namespace, name).
 pub type ObjKey = (String, String);
@@ -275,11 +276,72 @@ impl Checkpoints {
 }
 
 /// The lineage records (ConfigMaps in stasis's namespace) parsed once per change, looked up
-/// by holder UID and by claim token: a pod's reconcile parsed every record twice before.
+/// by holder UID, by claim token and by workload: a pod's reconcile parsed every record twice
+/// before, and each admission listed its workload's records from the API server.
 pub type RecordIndex = Index<Option<Arc<Record>>>;
+
+/// The lineage records as every replica keeps them: the ConfigMaps (the sweep reads them
+/// whole) and their [`RecordIndex`], fed by one watch of stasis's namespace.
+#[derive(Clone)]
+pub struct RecordCache {
+    pub maps: Store<ConfigMap>,
+    pub index: RecordIndex,
+}
+
+impl RecordCache {
+    /// Starts watching the lineage records in `namespace`; `on_error` is told of each record
+    /// that cannot be read. The returned future runs the watch (spawn it; it ends only with the
+    /// process).
+    pub fn watch(
+        client: Client,
+        namespace: &str,
+        on_error: impl Fn(&crate::Error) + Send + Sync + 'static,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (maps, writer) = reflector::store();
+        let index = RecordIndex::default();
+        let feed = index.clone();
+        let stream = reflector::reflector(
+            writer,
+            watcher::watcher(
+                Api::<ConfigMap>::namespaced(client, namespace),
+                watcher::Config::default()
+                    .labels(&format!("{}=true", stasis_api::names::LINEAGE_RECORD)),
+            ),
+        )
+        .default_backoff()
+        .for_each(move |ev| {
+            match ev {
+                Ok(ev) => feed.apply(&ev, |cm| record_entry(cm, &on_error)),
+                Err(e) => tracing::debug!(error = %e, "lineage record watch"),
+            }
+            futures::future::ready(())
+        });
+        (Self { maps, index }, stream)
+    }
+
+    /// A cache of `maps`, complete (tests).
+    #[cfg(test)]
+    pub fn of(maps: Vec<ConfigMap>) -> Self {
+        let (store, mut writer) = reflector::store();
+        let mut events = vec![watcher::Event::Init];
+        events.extend(maps.iter().cloned().map(watcher::Event::InitApply));
+        events.push(watcher::Event::InitDone);
+        for ev in &events {
+            writer.apply_watcher_event(ev);
+        }
+        Self {
+            maps: store,
+            index: RecordIndex::of(&maps),
+        }
+    }
+}
 
 fn holder_key(ns: &str, uid: &str) -> String {
     format!("holder\0{ns}\0{uid}")
+}
+
+fn workload_key(workload: &str) -> String {
+    format!("workload\0{workload}")
 }
 
 fn token_key(ns: &str, token: &str) -> String {
@@ -294,7 +356,8 @@ pub fn record_entry(
 ) -> (Vec<String>, Option<Arc<Record>>) {
     match Record::from_config_map(cm) {
         Ok(r) => {
-            let mut keys = Vec::with_capacity(2);
+            let mut keys = Vec::with_capacity(3);
+            keys.push(workload_key(r.lineage.workload.as_str()));
             if let Some(uid) = r.holder_uid() {
                 keys.push(holder_key(&r.namespace, uid));
             }
@@ -342,6 +405,14 @@ impl RecordIndex {
     /// The records of `namespace` whose holder token is `token`.
     pub fn by_token(&self, namespace: &str, token: &str) -> Vec<Record> {
         self.found(&token_key(namespace, token))
+    }
+
+    /// The records of `workload` (its lineages, in whichever namespace the workload is).
+    pub fn of_workload(&self, workload: &WorkloadName) -> Vec<Record> {
+        self.found(&workload_key(workload.as_str()))
+            .into_iter()
+            .filter(|r| &r.lineage.workload == workload)
+            .collect()
     }
 
     fn found(&self, key: &str) -> Vec<Record> {

@@ -26,7 +26,7 @@ use stasis_core::lineage::{claim, claim_wait, Lineage, RestoreChoice};
 use stasis_core::podspec::{unsafe_volumes, SpecHash};
 use stasis_core::reference::WorkloadName;
 
-use crate::cache::Checkpoints;
+use crate::cache::{Checkpoints, RecordIndex};
 use crate::holder::holder_state;
 use crate::record::{refresh, Holder, Record, Records};
 use crate::{now_ms, Error, Result};
@@ -131,6 +131,9 @@ pub struct Stores<'a> {
     pub records: &'a Records,
     /// The process's `PodCheckpoint` cache (every replica keeps one).
     pub checkpoints: &'a Checkpoints,
+    /// The process's lineage record cache, for a prediction's read ([`Mode::Predict`]); the
+    /// commit reads the API server. `None`, or not synced yet: the API server's watch cache.
+    pub record_index: Option<&'a RecordIndex>,
     /// A claim whose pod has not appeared after this long is released (holder refreshes).
     pub phantom_after: Duration,
 }
@@ -155,12 +158,16 @@ pub async fn claim_and_decide(
     let phantom = at.phantom_after.as_millis() as u64;
     let commit = matches!(mode, Mode::Commit { .. });
     'attempt: for _attempt in 0..50 {
-        // At admission the records and holder pods may come from the API server's watch
-        // cache as it is: the answer is a prediction that the commit makes again from fresh
-        // reads and stores by a write at the record's version. The cache is not behind what
-        // matters here in practice: the workload controller creating this pod saw its
-        // predecessor stop through the same cache.
-        let mut recs = at.records.of_workload(workload, commit).await?;
+        // At admission the records may come from this process's watch cache, and the holder
+        // pods from the API server's, as they are: the answer is a prediction that the commit
+        // makes again from fresh reads and stores by a write at the record's version. The
+        // caches are not behind what matters here in practice: the workload controller
+        // creating this pod saw its predecessor stop through a watch too, and a record that
+        // still names a holder gone is brought up to date from its pods (below).
+        let mut recs = match at.record_index.filter(|i| !commit && i.is_ready()) {
+            Some(index) => index.of_workload(workload),
+            None => at.records.of_workload(workload, commit).await?,
+        };
         if let Mode::Commit { uid, .. } = mode {
             // Committed already (the reconciler's cache lags behind its own write), or the
             // token is another pod's.

@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use stasis_api::condition::{self, reason, set_condition};
@@ -40,7 +40,7 @@ use stasis_core::policy::parse_duration;
 use stasis_core::reference::{CheckpointId, CheckpointRef};
 use stasis_service::shutdown::Shutdown;
 
-use crate::cache::{record_entry, Checkpoints, RecordIndex};
+use crate::cache::{Checkpoints, RecordCache, RecordIndex};
 use crate::holder::holder_state;
 use crate::metrics::Metrics;
 use crate::record::{refresh, Holder, Record, Records};
@@ -233,6 +233,8 @@ pub struct Setup {
     pub checkpoints: Checkpoints,
     /// The owners' metadata cache the process keeps for the webhook.
     pub owners: Option<crate::owners::OwnerCache>,
+    /// The lineage records' cache the process keeps for the webhook ([`RecordCache::watch`]).
+    pub records: RecordCache,
     /// The process's stop (its signal handler is the binary's): the reconcilers finish what
     /// they are doing and return.
     pub shutdown: Shutdown,
@@ -250,27 +252,6 @@ pub async fn run(setup: Setup) -> Result<()> {
     let ck_ctrl = Controller::new(Api::<PodCheckpoint>::all(client.clone()), wc());
     let pr_ctrl = Controller::new(Api::<PodRestore>::all(client.clone()), wc());
     let pol_ctrl = Controller::new(Api::<CheckpointPolicy>::all(client.clone()), wc());
-    let (maps, maps_writer) = reflector::store();
-    let record_index = RecordIndex::default();
-    let maps_stream = {
-        let (index, metrics) = (record_index.clone(), setup.metrics.clone());
-        reflector::reflector(
-            maps_writer,
-            watcher::watcher(
-                Api::<ConfigMap>::namespaced(client.clone(), &setup.namespace),
-                wc().labels(&format!("{}=true", names::LINEAGE_RECORD)),
-            ),
-        )
-        .default_backoff()
-        .for_each(move |ev| {
-            if let Ok(ev) = ev {
-                index.apply(&ev, |cm| {
-                    record_entry(cm, &|e| metrics.failed("records", e))
-                });
-            }
-            futures::future::ready(())
-        })
-    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         records: Records::new(client.clone(), &setup.namespace)
@@ -287,8 +268,8 @@ pub async fn run(setup: Setup) -> Result<()> {
         policies: pol_ctrl.store(),
         checkpoints: setup.checkpoints.clone(),
         restores: pr_ctrl.store(),
-        record_maps: maps,
-        record_index,
+        record_maps: setup.records.maps.clone(),
+        record_index: setup.records.index.clone(),
         pods: pod_ctrl.store(),
         skips: Mutex::new(HashMap::new()),
         evictions: Mutex::new(stasis_core::interval::EvictionLog::new(
@@ -351,7 +332,6 @@ pub async fn run(setup: Setup) -> Result<()> {
     };
     tokio::select! {
         _ = async { tokio::join!(cks, prs, pols, pods) } => {}
-        _ = maps_stream => {}
         _ = sweeper => {}
     }
     Ok(())

@@ -234,6 +234,7 @@ pub(super) async fn commit(
         client: &ctx.client,
         records: &ctx.records,
         checkpoints: &ctx.checkpoints,
+        record_index: None,
         phantom_after: ctx.cfg.phantom_after,
     };
     let outcome = match claim_and_decide(

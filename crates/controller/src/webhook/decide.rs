@@ -80,6 +80,7 @@ pub(crate) async fn mutate(
         client: &hook.client,
         records: &hook.records,
         checkpoints: &hook.checkpoints,
+        record_index: hook.record_index.as_ref(),
         phantom_after: hook.cfg.phantom_after,
     };
     let mode = Mode::Predict { final_wait };
@@ -251,10 +252,25 @@ async fn restore_asked(
     });
 }
 
+/// Whether the API server generated the pod's name (its `generateName` and the 5 characters it
+/// adds; it names the pod before admission): nobody could have made a `PodRestore` named as
+/// the pod before it was created, so none is asked for (a ReplicaSet's, a Job's pods).
+fn name_generated(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    match (m.generate_name.as_deref(), m.name.as_deref()) {
+        (Some(prefix), Some(name)) if !prefix.is_empty() => name
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.len() == 5 && rest.bytes().all(|b| b.is_ascii_alphanumeric())),
+        _ => false,
+    }
+}
+
 /// The `PodRestore` named as the pod, if a user made it for the pod not created yet
 /// ([`asked_by_hand`]).
 async fn fetch_asked(hook: &Webhook, ns: &str, pod: &Pod) -> Option<PodRestore> {
     let name = pod.metadata.name.as_deref()?;
+    if name_generated(&pod.metadata) {
+        return None;
+    }
     match Api::<PodRestore>::namespaced(hook.client.clone(), ns)
         .get_opt(name)
         .await
@@ -314,5 +330,34 @@ mod asked_tests {
         for phase in ["Fetching", "Ready", "Restored", "Failed", "ColdStart"] {
             assert!(!asked_by_hand(&pr("b", None, Some(phase)), "b"), "{phase}");
         }
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::name_generated;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn meta(generate: Option<&str>, name: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            generate_name: generate.map(str::to_owned),
+            name: name.map(str::to_owned),
+            ..Default::default()
+        }
+    }
+
+    /// A PodRestore asked by hand is looked for only where someone could have named it first.
+    #[test]
+    fn a_generated_name_is_told_from_a_chosen_one() {
+        assert!(name_generated(&meta(
+            Some("web-7d9f8b6c5-"),
+            Some("web-7d9f8b6c5-x2b9q")
+        )));
+        // Chosen names: a bare pod, a StatefulSet's, one that only looks generated.
+        assert!(!name_generated(&meta(None, Some("bare-2"))));
+        assert!(!name_generated(&meta(None, Some("web-0"))));
+        assert!(!name_generated(&meta(Some("web-"), Some("web-0"))));
+        assert!(!name_generated(&meta(Some("web-"), Some("other-x2b9q"))));
+        assert!(!name_generated(&meta(Some(""), Some("x2b9q"))));
     }
 }

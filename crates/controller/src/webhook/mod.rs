@@ -71,6 +71,9 @@ pub struct Webhook {
     pub records: Records,
     /// The process's `PodCheckpoint` cache ([`crate::cache::Checkpoints::watch`]).
     pub checkpoints: crate::cache::Checkpoints,
+    /// The process's lineage record cache (`None`: read from the API server per admission, as
+    /// in tests).
+    pub record_index: Option<crate::cache::RecordIndex>,
     /// The process's `CheckpointPolicy` cache (`None`: listed per admission, as in tests).
     pub policies: Option<kube::runtime::reflector::Store<CheckpointPolicy>>,
     /// The process's Node cache, for the nodes a restoring pod prefers (`None`: no preference).

@@ -38,6 +38,7 @@ pub(crate) fn offline_hook() -> Arc<Webhook> {
         records: Records::new(client.clone(), "stasis"),
         // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
         checkpoints: crate::cache::Checkpoints::unsynced(),
+        record_index: None,
         policies: None,
         nodes: None,
         owners: None,
@@ -158,6 +159,27 @@ async fn cold_start_without_identity_is_annotated() {
 
 #[tokio::test]
 async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
+    replacement_restores(false).await;
+}
+
+/// The same admission with the lineage records from the replica's watch cache: the API server
+/// is not asked for them.
+#[tokio::test]
+async fn a_prediction_reads_the_workloads_records_from_the_cache() {
+    let seen = replacement_restores(true).await;
+    let record_reads: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, path, _)| path.contains("/configmaps"))
+        .cloned()
+        .collect();
+    assert!(record_reads.is_empty(), "{record_reads:#?}");
+}
+
+/// A replacement of a Deployment's pod whose lineage is orphaned is predicted to restore its
+/// checkpoint; the records come from the replica's cache when `cached_records`.
+async fn replacement_restores(cached_records: bool) -> crate::testing::Seen {
     let new_pod = json!({
         "metadata": {"generateName": "counter-7d9f8b6c5-", "labels": {"app": "counter", "pod-template-hash": "7d9f8b6c5"},
                      "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "counter-7d9f8b6c5", "uid": "rs", "controller": true}]},
@@ -191,7 +213,8 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
         }),
     );
     record.resource_version = Some("7".into());
-    let cm = serde_json::to_value(record.to_config_map().unwrap()).unwrap();
+    let cm_obj = record.to_config_map().unwrap();
+    let cm = serde_json::to_value(&cm_obj).unwrap();
     let reference = format!("{}/{}", lineage.id, id);
     let checkpoint = json!({
         "apiVersion": "stasis.dev/v1alpha1", "kind": "PodCheckpoint",
@@ -207,7 +230,7 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
     });
     let node = json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "worker-1", "labels": {names::node::CPU_ARCH: "amd64", names::node::READY: "true"}}});
-    let (client, writes) = routed_client(vec![
+    let (client, seen) = routed_client(vec![
         (
             "GET",
             "/apis/stasis.dev/v1alpha1/namespaces/prod/checkpointpolicies".into(),
@@ -215,7 +238,11 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
         ),
         (
             "GET",
-            "/api/v1/namespaces/stasis/configmaps".into(),
+            if cached_records {
+                "/not-asked".into()
+            } else {
+                "/api/v1/namespaces/stasis/configmaps".into()
+            },
             list("ConfigMapList", vec![cm]),
         ),
         (
@@ -245,6 +272,7 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
         records: Records::new(client.clone(), "stasis"),
         // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
         checkpoints: crate::cache::Checkpoints::unsynced(),
+        record_index: cached_records.then(|| crate::cache::RecordIndex::of(&[cm_obj])),
         policies: None,
         nodes: None,
         owners: None,
@@ -291,10 +319,11 @@ async fn a_replacement_claims_the_orphaned_lineage_and_is_patched_to_restore() {
     assert_eq!(exprs[1]["values"][0], "amd64");
     // Nothing written: the answer is a prediction, which the controller commits against the
     // real pod (`claim::tests`). Before, this review claimed the lineage in the record.
-    let writes = crate::testing::writes(&writes);
+    let writes = crate::testing::writes(&seen);
     assert!(writes.is_empty(), "{writes:#?}");
     assert_eq!(record.lineage.generation, 1);
     assert!(hook.metrics.encode().contains("decision=\"Restore\""));
+    seen
 }
 
 /// A ReplicaSet as the API server returns it, controlled by `deployment` (name, UID).
@@ -339,6 +368,7 @@ pub(crate) fn hook_with(client: Client) -> Arc<Webhook> {
         records: Records::new(client.clone(), "stasis"),
         // Not synced: the claim lists the namespace's checkpoints from the stand-in API server.
         checkpoints: crate::cache::Checkpoints::unsynced(),
+        record_index: None,
         policies: None,
         nodes: None,
         owners: None,
