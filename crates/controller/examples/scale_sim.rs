@@ -401,8 +401,10 @@ async fn pods(a: PodsArgs) -> Result<()> {
 fn pod(a: &PodsArgs, i: u64, rs: &str, rs_uid: &str) -> Result<Pod> {
     let labels = BTreeMap::from([("app", "scale"), ("rs", rs)]);
     Ok(serde_json::from_value(json!({
+        // Named as the ReplicaSet controller names its pods: the API server generates the name
+        // (before admission) from the ReplicaSet's.
         "metadata": {
-            "name": format!("{}-{i:06}", a.prefix),
+            "generateName": format!("{rs}-"),
             "labels": labels,
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs,
                 "uid": rs_uid, "controller": true, "blockOwnerDeletion": true}],
