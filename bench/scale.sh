@@ -49,7 +49,7 @@ if [[ ! -x $kwok_dir/bin/kwok ]]; then
     printf 'module stasis.local/platform/kwok\n\ngo 1.26\n' >"$kwok_dir/mod/go.mod"
     (cd "$kwok_dir/mod" && export GOFLAGS="-trimpath -buildvcs=false" GOTOOLCHAIN=${GOTOOLCHAIN:-local} &&
         go get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" &&
-        CGO_ENABLED=0 nice -n 19 go build -ldflags "-s -w" -o "$kwok_dir/bin.tmp/" sigs.k8s.io/kwok/cmd/kwok)
+        CGO_ENABLED=0 nice -n 19 go build -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$kwok_dir/bin.tmp/" sigs.k8s.io/kwok/cmd/kwok)
     rm -rf "${kwok_dir:?}/bin"; mv "$kwok_dir/bin.tmp" "$kwok_dir/bin"
     echo $(($(date +%s) - t)) >"$kwok_dir/build-seconds"
 fi
