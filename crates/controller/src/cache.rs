@@ -318,22 +318,6 @@ impl RecordCache {
         });
         (Self { maps, index }, stream)
     }
-
-    /// A cache of `maps`, complete (tests).
-    #[cfg(test)]
-    pub fn of(maps: Vec<ConfigMap>) -> Self {
-        let (store, mut writer) = reflector::store();
-        let mut events = vec![watcher::Event::Init];
-        events.extend(maps.iter().cloned().map(watcher::Event::InitApply));
-        events.push(watcher::Event::InitDone);
-        for ev in &events {
-            writer.apply_watcher_event(ev);
-        }
-        Self {
-            maps: store,
-            index: RecordIndex::of(&maps),
-        }
-    }
 }
 
 fn holder_key(ns: &str, uid: &str) -> String {
@@ -410,9 +394,6 @@ impl RecordIndex {
     /// The records of `workload` (its lineages, in whichever namespace the workload is).
     pub fn of_workload(&self, workload: &WorkloadName) -> Vec<Record> {
         self.found(&workload_key(workload.as_str()))
-            .into_iter()
-            .filter(|r| &r.lineage.workload == workload)
-            .collect()
     }
 
     fn found(&self, key: &str) -> Vec<Record> {
